@@ -1,0 +1,37 @@
+# Two commands a newcomer needs: `make demo` and `make test`. Both set everything up.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: setup demo test unit functional lint proto clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup  ## the main job on the embedded broker
+	$(BIN)/kmq demo
+
+test: setup lint  ## every test: unit and functional (embedded broker unless KMQ_TEST_BOOTSTRAP_SERVERS)
+	$(BIN)/pytest -q
+
+unit: setup
+	$(BIN)/pytest -q tests/unit
+
+functional: setup
+	$(BIN)/pytest -q tests/functional
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+proto: setup  ## regenerate kmq/_proto from proto/marker.proto
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=kmq/_proto --pyi_out=kmq/_proto proto/marker.proto
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

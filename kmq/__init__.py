@@ -1,0 +1,41 @@
+"""kmq: per-message acknowledgement, leases, redelivery and dead letters on Apache Kafka."""
+
+from kmq.config import ConsumerConfig, ServiceConfig
+from kmq.consumer import Consumer
+from kmq.errors import (
+    BrokerError,
+    ConfigError,
+    ConsumerClosedError,
+    InvalidArgumentError,
+    InvalidMessageError,
+    InvalidQueueError,
+    KmqError,
+    MarkerDecodeError,
+    MessageStateError,
+    MessageTooLargeError,
+)
+from kmq.message import Message
+from kmq.producer import Producer
+from kmq.service import Queue, Service
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BrokerError",
+    "ConfigError",
+    "Consumer",
+    "ConsumerClosedError",
+    "ConsumerConfig",
+    "InvalidArgumentError",
+    "InvalidMessageError",
+    "InvalidQueueError",
+    "KmqError",
+    "MarkerDecodeError",
+    "Message",
+    "MessageStateError",
+    "MessageTooLargeError",
+    "Producer",
+    "Queue",
+    "Service",
+    "ServiceConfig",
+]

@@ -1,0 +1,19 @@
+"""The ``kmq`` command line: one module per command group."""
+
+from __future__ import annotations
+
+import click
+
+from kmq.cli.demo import demo
+from kmq.cli.dev import dev
+from kmq.cli.topics import topics
+
+
+@click.group(context_settings={"show_default": True, "max_content_width": 100})
+def main() -> None:
+    """kmq: queues with per-message acknowledgement on Apache Kafka."""
+
+
+main.add_command(dev)
+main.add_command(topics)
+main.add_command(demo)

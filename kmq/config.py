@@ -1,0 +1,115 @@
+"""Frozen, validated configuration for the SDK."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kmq.errors import ConfigError
+
+MAX_REDELIVERY_TIMEOUT_S = 12 * 3600.0
+"""The longest lease kmq accepts, like SQS's maximum visibility timeout."""
+
+
+def check_topic(name: str, what: str) -> None:
+    if not isinstance(name, str) or not name or len(name) > 249:
+        raise ConfigError(f"{what} must be a topic name of 1 to 249 characters, got {name!r}")
+    bad = [c for c in name if not (c.isascii() and (c.isalnum() or c in "._-"))]
+    if bad or name in (".", ".."):
+        raise ConfigError(
+            f"{what} {name!r} may only contain ASCII letters, digits, '.', '_' and '-'"
+        )
+
+
+def check_positive_int(value: object, what: str, *, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{what} must be an integer >= {minimum}, got {value!r}")
+
+
+def check_seconds(value: object, what: str, *, maximum: float = MAX_REDELIVERY_TIMEOUT_S) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{what} must be a number of seconds, got {value!r}")
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds <= 0 or seconds > maximum:
+        raise ConfigError(f"{what} must be > 0 and <= {maximum:g} s, got {value!r}")
+    return seconds
+
+
+def normalize_bootstrap(servers: object) -> str:
+    if isinstance(servers, (list, tuple)):
+        servers = ",".join(str(s) for s in servers)
+    if not isinstance(servers, str) or not servers.strip():
+        raise ConfigError(f"bootstrap_servers must be 'host:port[,host:port...]', got {servers!r}")
+    for server in servers.split(","):
+        host, sep, port = server.strip().rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"bootstrap server {server!r} is not 'host:port'")
+    return servers
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """Everything a :class:`kmq.Service` needs. Every field is checked on construction."""
+
+    bootstrap_servers: str
+    queue_topic: str = "kmq.queue"
+    marker_topic: str = "kmq.markers"
+    redelivery_timeout_s: float = 30.0
+    queue_partitions: int = 4
+    marker_partitions: int = 4
+    replication_factor: int = 1
+    create_topics: bool = True
+    max_message_bytes: int = 1_000_000
+    """kmq's own record size limit; keep it at or below the broker's ``message.max.bytes``."""
+    session_timeout_ms: int = 10_000
+    """Consumer-group session timeout. Apache Kafka accepts 6,000 ms and up by default."""
+    request_timeout_ms: int = 30_000
+    client_id: str = "kmq"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bootstrap_servers", normalize_bootstrap(self.bootstrap_servers))
+        check_topic(self.queue_topic, "queue_topic")
+        check_topic(self.marker_topic, "marker_topic")
+        if self.queue_topic == self.marker_topic:
+            raise ConfigError("queue_topic and marker_topic must be different topics")
+        object.__setattr__(
+            self,
+            "redelivery_timeout_s",
+            check_seconds(self.redelivery_timeout_s, "redelivery_timeout_s"),
+        )
+        check_positive_int(self.queue_partitions, "queue_partitions")
+        check_positive_int(self.marker_partitions, "marker_partitions")
+        check_positive_int(self.replication_factor, "replication_factor")
+        check_positive_int(self.max_message_bytes, "max_message_bytes", minimum=1024)
+        check_positive_int(self.session_timeout_ms, "session_timeout_ms", minimum=1000)
+        check_positive_int(self.request_timeout_ms, "request_timeout_ms", minimum=1000)
+        if not isinstance(self.create_topics, bool):
+            raise ConfigError(f"create_topics must be a bool, got {self.create_topics!r}")
+        if not isinstance(self.client_id, str) or not self.client_id:
+            raise ConfigError("client_id must be a non-empty string")
+
+    @property
+    def redelivery_timeout_ms(self) -> int:
+        return round(self.redelivery_timeout_s * 1000)
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    """Per-consumer settings; see :meth:`kmq.Queue.consumer`."""
+
+    max_in_flight: int = 100
+    """Most messages a consumer holds at once (buffered plus handed out, not yet settled)."""
+    poll_timeout_ms: int = 100
+    keepalive_fraction: float = 1 / 3
+    """A KEEPALIVE goes out every ``redelivery_timeout_s * keepalive_fraction`` seconds."""
+    group_id: str | None = None
+    """Defaults to ``kmq.<queue_topic>.<queue>``: one consumer group per logical queue."""
+
+    def __post_init__(self) -> None:
+        check_positive_int(self.max_in_flight, "max_in_flight")
+        check_positive_int(self.poll_timeout_ms, "poll_timeout_ms")
+        f = self.keepalive_fraction
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.05 <= f <= 0.5:
+            raise ConfigError(f"keepalive_fraction must be within [0.05, 0.5], got {f!r}")
+        if self.group_id is not None and (not isinstance(self.group_id, str) or not self.group_id):
+            raise ConfigError("group_id must be a non-empty string or None")

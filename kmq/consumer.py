@@ -1,0 +1,332 @@
+"""Receiving from a logical queue: START before commit, keep-alives, ack and nack."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import KafkaError
+from kafka.structs import OffsetAndMetadata
+
+from kmq.config import ConsumerConfig
+from kmq.errors import BrokerError, ConsumerClosedError, InvalidArgumentError, MessageStateError
+from kmq.markers import Marker, MarkerType, encode
+from kmq.message import Message, State
+from kmq.records import parse_queue_headers
+
+if TYPE_CHECKING:
+    from kmq.service import Queue
+
+log = logging.getLogger(__name__)
+
+
+class _StartFailed(Exception):
+    pass
+
+
+class Consumer:
+    """Receives one logical queue's messages. Use as a context manager, or call :meth:`close`.
+
+    A background thread polls Kafka, writes each message's START marker (acknowledged by
+    the broker) before committing its offset, keeps held messages alive with KEEPALIVE
+    markers, and keeps polling with paused partitions while ``max_in_flight`` messages
+    are held, so a slow application never costs the consumer its group membership.
+    """
+
+    def __init__(self, queue: Queue, config: ConsumerConfig) -> None:
+        svc = queue.service
+        self.queue = queue.id
+        self.config = config
+        self._svc_config = cfg = svc.config
+        self._key = queue.id.encode()
+        self._producer = svc.kafka_producer()
+        self._lease_ms = cfg.redelivery_timeout_ms
+        self._keepalive_s = cfg.redelivery_timeout_s * config.keepalive_fraction
+        self._request_timeout_s = cfg.request_timeout_ms / 1000
+        self._cond = threading.Condition()
+        self._ready: deque[Message] = deque()
+        self._held: dict[tuple[int, int], Message] = {}
+        self._closed = False
+        self._error: BaseException | None = None
+        self._stop = threading.Event()
+        self._next_tick = 0.0
+        self.group_id = config.group_id or f"kmq.{cfg.queue_topic}.{queue.id}"
+        try:
+            self._kc = KafkaConsumer(
+                cfg.queue_topic,
+                bootstrap_servers=cfg.bootstrap_servers,
+                client_id=f"{cfg.client_id}-consumer",
+                group_id=self.group_id,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                session_timeout_ms=cfg.session_timeout_ms,
+                heartbeat_interval_ms=max(100, cfg.session_timeout_ms // 4),
+                request_timeout_ms=max(cfg.request_timeout_ms, cfg.session_timeout_ms + 5000),
+                fetch_max_wait_ms=100,
+            )
+        except KafkaError as exc:
+            raise BrokerError(f"cannot start consumer for queue {queue.id!r}: {exc}") from exc
+        self._thread = threading.Thread(
+            target=self._run, name=f"kmq-consumer-{queue.id}", daemon=True
+        )
+        self._thread.start()
+
+    # -- application side -------------------------------------------------------------
+
+    def receive(self, timeout_s: float | None = 1.0) -> Message | None:
+        """The next message, or ``None`` if none arrives within ``timeout_s``.
+
+        ``timeout_s=0`` never blocks; ``None`` waits indefinitely. Raises
+        :class:`kmq.ConsumerClosedError` once the consumer is closed or its loop failed.
+        """
+        if timeout_s is not None and (
+            isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s < 0
+        ):
+            raise InvalidArgumentError(f"timeout_s must be >= 0 or None, got {timeout_s!r}")
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise ConsumerClosedError(f"consumer of queue {self.queue!r} is closed")
+                if self._ready:
+                    message = self._ready.popleft()
+                    message._state = State.HELD
+                    return message
+                if self._error is not None:
+                    raise ConsumerClosedError(
+                        f"consumer of queue {self.queue!r} failed: {self._error!r}"
+                    ) from self._error
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return None
+                self._cond.wait(remaining)
+
+    def __iter__(self) -> Iterator[Message]:
+        """Yield messages until the consumer is closed."""
+        while True:
+            try:
+                message = self.receive(timeout_s=1.0)
+            except ConsumerClosedError:
+                if self._error is not None:
+                    raise
+                return
+            if message is not None:
+                yield message
+
+    @property
+    def in_flight(self) -> int:
+        """Messages started but not yet settled: buffered plus handed out."""
+        with self._cond:
+            return len(self._held)
+
+    def assignment(self) -> set[int]:
+        """Queue-topic partitions this consumer currently owns (empty before it joins)."""
+        return {tp.partition for tp in self._kc.assignment()}
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Release every unsettled message for immediate redelivery and leave the group."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        self._stop.set()
+        self._thread.join()
+        with self._cond:
+            for message in self._held.values():
+                if message._state is State.HELD:
+                    self._send(MarkerType.NACK, message, 0, "released: consumer closed")
+                else:
+                    self._send(MarkerType.RELEASE, message, 0, "released unseen: consumer closed")
+                message._state = State.RELEASED
+            self._held.clear()
+            self._ready.clear()
+        try:
+            self._producer.flush(timeout=timeout_s)
+        finally:
+            self._kc.close(autocommit=False)
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _settle(self, message: Message, state: State, delay_ms: int, reason: str) -> None:
+        with self._cond:
+            if message._state is not State.HELD:
+                raise MessageStateError(f"cannot {state.value[:-2]} {message!r}: already settled")
+            self._held.pop((message.partition, message.offset), None)
+            message._state = state
+            if state is State.ACKED:
+                self._send(MarkerType.END, message, 0, "")
+            else:
+                self._send(MarkerType.NACK, message, delay_ms, reason)
+
+    # -- background loop --------------------------------------------------------------
+
+    def _run(self) -> None:
+        backoff_s = 0.1
+        try:
+            while not self._stop.is_set():
+                self._keepalive_tick()
+                room = self._room()
+                self._apply_backpressure(room)
+                try:
+                    records = self._kc.poll(
+                        timeout_ms=self.config.poll_timeout_ms, max_records=max(room, 1)
+                    )
+                    if records:
+                        self._start(records)
+                    backoff_s = 0.1
+                except (KafkaError, _StartFailed) as exc:
+                    log.warning("queue %r: %r; retrying in %.1f s", self.queue, exc, backoff_s)
+                    self._stop.wait(backoff_s)
+                    backoff_s = min(backoff_s * 2, 5.0)
+        except BaseException as exc:  # surfaced to the application by receive()
+            log.exception("queue %r: consumer loop failed", self.queue)
+            self._error = exc
+        finally:
+            with self._cond:
+                self._cond.notify_all()
+
+    def _room(self) -> int:
+        with self._cond:
+            return self.config.max_in_flight - len(self._held)
+
+    def _apply_backpressure(self, room: int) -> None:
+        if room <= 0:
+            unpaused = self._kc.assignment() - self._kc.paused()
+            if unpaused:
+                self._kc.pause(*unpaused)
+        else:
+            paused = self._kc.paused()
+            if paused:
+                self._kc.resume(*paused)
+
+    def _start(self, records: dict[TopicPartition, list[Any]]) -> None:
+        commits: dict[TopicPartition, OffsetAndMetadata] = {}
+        firsts: dict[TopicPartition, int] = {}
+        messages: list[Message] = []
+        futures = []
+        for tp, batch in records.items():
+            if not batch:
+                continue
+            firsts[tp] = batch[0].offset
+            commits[tp] = OffsetAndMetadata(batch[-1].offset + 1, "", -1)
+            for record in batch:
+                if record.key != self._key:
+                    continue  # another logical queue's message
+                message = self._message(record)
+                messages.append(message)
+                futures.append(self._send_start(message, record.key))
+        try:
+            for future in futures:
+                future.get(timeout=self._request_timeout_s)
+        except KafkaError as exc:
+            # Nothing was handed out or committed: read the batch again and retry its STARTs.
+            for tp, offset in firsts.items():
+                # A partition revoked meanwhile raises here; its new owner re-reads it anyway.
+                with contextlib.suppress(Exception):
+                    self._kc.seek(tp, offset)
+            raise _StartFailed(f"START marker not acknowledged: {exc!r}") from exc
+        try:
+            self._kc.commit(commits)
+        except KafkaError as exc:
+            log.warning(
+                "queue %r: offset commit failed (%r); these %d messages may also be delivered "
+                "to the partition's next owner",
+                self.queue,
+                exc,
+                len(messages),
+            )
+        if not messages:
+            return
+        next_keepalive = time.monotonic() + self._keepalive_s
+        with self._cond:
+            for message in messages:
+                message.next_keepalive = next_keepalive
+                self._held[(message.partition, message.offset)] = message
+                self._ready.append(message)
+            self._cond.notify_all()
+
+    def _message(self, record: Any) -> Message:
+        message_id, attempt, headers = parse_queue_headers(record.headers)
+        return Message(
+            self,
+            payload=record.value or b"",
+            message_id=message_id or f"ext-{record.partition}-{record.offset}",
+            queue=self.queue,
+            attempt=attempt,
+            headers=dict(headers),
+            partition=record.partition,
+            offset=record.offset,
+            timestamp_ms=record.timestamp,
+        )
+
+    def _send_start(self, message: Message, key: bytes) -> Any:
+        marker = Marker(
+            type=MarkerType.START,
+            queue=self.queue,
+            partition=message.partition,
+            offset=message.offset,
+            message_id=message.id,
+            attempt=message.attempt,
+            redeliver_after_ms=self._lease_ms,
+            key=key,
+            value=message.payload,
+            headers=tuple(message.headers.items()),
+        )
+        return self._producer.send(
+            self._svc_config.marker_topic, key=message.id.encode(), value=encode(marker)
+        )
+
+    def _keepalive_tick(self) -> None:
+        now = time.monotonic()
+        if now < self._next_tick:
+            return
+        self._next_tick = now + min(0.05, self._keepalive_s / 4)
+        with self._cond:
+            for message in self._held.values():
+                if message.next_keepalive <= now:
+                    self._send(MarkerType.KEEPALIVE, message, self._lease_ms, "")
+                    message.next_keepalive = now + self._keepalive_s
+
+    def _send(self, kind: MarkerType, message: Message, after_ms: int, reason: str) -> None:
+        """Write a marker for ``message``. Callers hold ``_cond`` so markers of one message
+        reach the producer, and so the broker, in the order they were decided."""
+        marker = Marker(
+            type=kind,
+            queue=self.queue,
+            partition=message.partition,
+            offset=message.offset,
+            message_id=message.id,
+            attempt=message.attempt,
+            redeliver_after_ms=after_ms,
+            reason=reason,
+        )
+        future = self._producer.send(
+            self._svc_config.marker_topic, key=message.id.encode(), value=encode(marker)
+        )
+        future.add_errback(
+            lambda exc: log.error(
+                "queue %r: %s marker for %s lost (%r); the message will be redelivered "
+                "when its lease runs out",
+                self.queue,
+                kind.name,
+                message.id,
+                exc,
+            )
+        )

@@ -1,0 +1,65 @@
+"""A worker process for ``kmq demo``: consumes one queue and reports each step as JSON lines."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+
+from kmq.service import Service
+
+
+def emit(**event: object) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bootstrap-servers", required=True)
+    parser.add_argument("--queue-topic", required=True)
+    parser.add_argument("--marker-topic", required=True)
+    parser.add_argument("--queue", required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--redelivery-timeout-s", type=float, default=2.0)
+    parser.add_argument("--session-timeout-ms", type=int, default=6000)
+    parser.add_argument("--work-s", type=float, default=0.05)
+    parser.add_argument(
+        "--hang-after",
+        type=int,
+        default=-1,
+        help="Ack this many messages, then hang holding the next one.",
+    )
+    args = parser.parse_args(argv)
+
+    def on_term(signum: int, frame: object) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    service = Service(
+        bootstrap_servers=args.bootstrap_servers,
+        queue_topic=args.queue_topic,
+        marker_topic=args.marker_topic,
+        redelivery_timeout_s=args.redelivery_timeout_s,
+        session_timeout_ms=args.session_timeout_ms,
+        create_topics=False,
+    )
+    acked = 0
+    with service, service.queue(args.queue).consumer(max_in_flight=1) as consumer:
+        emit(event="ready", worker=args.name)
+        for message in consumer:
+            emit(event="took", worker=args.name, id=message.id, attempt=message.attempt)
+            if acked == args.hang_after:
+                emit(event="hanging", worker=args.name, id=message.id)
+                while True:
+                    time.sleep(3600)
+            time.sleep(args.work_s)
+            message.ack()
+            acked += 1
+            emit(event="acked", worker=args.name, id=message.id, attempt=message.attempt)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""The marker codec: typed markers to and from the protobuf bytes on the markers topic."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from google.protobuf.message import DecodeError
+
+from kmq._proto import marker_pb2
+from kmq.errors import MarkerDecodeError
+
+PROTOCOL_VERSION = 1
+
+
+class MarkerType(enum.IntEnum):
+    START = marker_pb2.START
+    KEEPALIVE = marker_pb2.KEEPALIVE
+    END = marker_pb2.END
+    NACK = marker_pb2.NACK
+    REDELIVERED = marker_pb2.REDELIVERED
+    RELEASE = marker_pb2.RELEASE
+
+
+_KNOWN_TYPES = frozenset(int(t) for t in MarkerType)
+
+
+@dataclass(frozen=True, slots=True)
+class Marker:
+    """One marker. ``(partition, offset)`` names the delivered queue-topic record."""
+
+    type: MarkerType
+    queue: str
+    partition: int
+    offset: int
+    message_id: str
+    attempt: int
+    redeliver_after_ms: int = 0
+    key: bytes = b""
+    value: bytes = b""
+    headers: tuple[tuple[str, bytes], ...] = field(default=())
+    reason: str = ""
+    version: int = PROTOCOL_VERSION
+
+    @property
+    def delivery(self) -> tuple[int, int]:
+        """The queue-topic record this marker is about: ``(partition, offset)``."""
+        return (self.partition, self.offset)
+
+
+def encode(marker: Marker) -> bytes:
+    """Serialize a marker to its wire bytes."""
+    pb = marker_pb2.Marker(
+        version=marker.version,
+        type=int(marker.type),  # type: ignore[arg-type]
+        queue=marker.queue,
+        partition=marker.partition,
+        offset=marker.offset,
+        message_id=marker.message_id,
+        attempt=marker.attempt,
+        redeliver_after_ms=marker.redeliver_after_ms,
+        key=marker.key,
+        value=marker.value,
+        reason=marker.reason,
+    )
+    for name, value in marker.headers:
+        pb.headers.add(key=name, value=value)
+    return pb.SerializeToString()
+
+
+def decode(data: bytes | None) -> Marker:
+    """Parse wire bytes into a :class:`Marker`.
+
+    Raises :class:`kmq.MarkerDecodeError` for anything that is not a well-formed marker of
+    a version this code understands: the tracker counts and skips those.
+    """
+    if data is None:
+        raise MarkerDecodeError("marker record has no value")
+    pb = marker_pb2.Marker()
+    try:
+        pb.ParseFromString(data)
+    except (DecodeError, RuntimeWarning, ValueError) as exc:
+        raise MarkerDecodeError(f"not a protobuf marker: {exc}") from None
+    if pb.version != PROTOCOL_VERSION:
+        raise MarkerDecodeError(f"unsupported marker version {pb.version}")
+    if pb.type not in _KNOWN_TYPES:
+        raise MarkerDecodeError(f"unknown marker type {pb.type}")
+    if not pb.message_id:
+        raise MarkerDecodeError("marker has no message id")
+    if pb.partition < 0 or pb.offset < 0:
+        raise MarkerDecodeError(f"marker names record {pb.partition}:{pb.offset}")
+    return Marker(
+        type=MarkerType(pb.type),
+        queue=pb.queue,
+        partition=pb.partition,
+        offset=pb.offset,
+        message_id=pb.message_id,
+        attempt=pb.attempt,
+        redeliver_after_ms=pb.redeliver_after_ms,
+        key=pb.key,
+        value=pb.value,
+        headers=tuple((h.key, h.value) for h in pb.headers),
+        reason=pb.reason,
+        version=pb.version,
+    )

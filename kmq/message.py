@@ -1,0 +1,93 @@
+"""A received message and how it is settled."""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Protocol
+
+from kmq.config import MAX_REDELIVERY_TIMEOUT_S
+from kmq.errors import InvalidArgumentError
+
+
+class State(enum.Enum):
+    BUFFERED = "buffered"  # STARTed, waiting in the consumer for receive()
+    HELD = "held"  # handed to the application
+    ACKED = "acked"
+    NACKED = "nacked"
+    RELEASED = "released"
+
+
+class _Settler(Protocol):
+    def _settle(self, message: Message, state: State, delay_ms: int, reason: str) -> None: ...
+
+
+class Message:
+    """One delivery of a queued message. Settle it exactly once: :meth:`ack` or :meth:`nack`."""
+
+    __slots__ = (
+        "_consumer",
+        "_state",
+        "attempt",
+        "headers",
+        "id",
+        "next_keepalive",
+        "offset",
+        "partition",
+        "payload",
+        "queue",
+        "timestamp_ms",
+    )
+
+    def __init__(
+        self,
+        consumer: _Settler,
+        *,
+        payload: bytes,
+        message_id: str,
+        queue: str,
+        attempt: int,
+        headers: Mapping[str, bytes],
+        partition: int,
+        offset: int,
+        timestamp_ms: int,
+    ) -> None:
+        self._consumer = consumer
+        self._state = State.BUFFERED
+        self.payload = payload
+        self.id = message_id
+        self.queue = queue
+        self.attempt = attempt
+        self.headers: Mapping[str, bytes] = MappingProxyType(dict(headers))
+        self.partition = partition
+        self.offset = offset
+        self.timestamp_ms = timestamp_ms
+        self.next_keepalive = 0.0
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    def ack(self) -> None:
+        """Done with it: it will never be redelivered."""
+        self._consumer._settle(self, State.ACKED, 0, "")
+
+    def nack(self, delay_s: float = 0.0, reason: str = "") -> None:
+        """Give it back: it is redelivered after ``delay_s`` seconds with ``attempt + 1``."""
+        if isinstance(delay_s, bool) or not isinstance(delay_s, (int, float)):
+            raise InvalidArgumentError(f"delay_s must be a number, got {delay_s!r}")
+        if not math.isfinite(delay_s) or not 0 <= delay_s <= MAX_REDELIVERY_TIMEOUT_S:
+            raise InvalidArgumentError(
+                f"delay_s must be within [0, {MAX_REDELIVERY_TIMEOUT_S:g}], got {delay_s!r}"
+            )
+        if not isinstance(reason, str):
+            raise InvalidArgumentError("reason must be a str")
+        self._consumer._settle(self, State.NACKED, round(delay_s * 1000), reason)
+
+    def __repr__(self) -> str:
+        return (
+            f"<kmq.Message id={self.id} queue={self.queue!r} attempt={self.attempt} "
+            f"at={self.partition}:{self.offset} {self._state.value}>"
+        )

@@ -1,0 +1,125 @@
+"""The entry point: a Service holds the connection settings and hands out queues."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from kafka import KafkaProducer
+from kafka.errors import KafkaError
+
+from kmq.config import ConsumerConfig, ServiceConfig
+from kmq.consumer import Consumer
+from kmq.errors import BrokerError, KmqError
+from kmq.producer import Producer
+from kmq.topics import ensure_topics
+from kmq.validation import check_queue_id
+
+
+class Queue:
+    """A logical queue multiplexed onto the service's queue topic. Get it from
+    :meth:`Service.queue`; creating one is free."""
+
+    def __init__(self, service: Service, queue_id: str) -> None:
+        self.service = service
+        self.id = queue_id
+
+    def producer(self) -> Producer:
+        """A producer for this queue."""
+        return Producer(self)
+
+    def consumer(self, *, max_in_flight: int = 100, **options: Any) -> Consumer:
+        """A consumer of this queue; see :class:`kmq.ConsumerConfig` for ``options``."""
+        config = ConsumerConfig(max_in_flight=max_in_flight, **options)
+        self.service.ensure_topics()
+        return Consumer(self, config)
+
+    def __repr__(self) -> str:
+        return f"<kmq.Queue {self.id!r} on {self.service.config.queue_topic}>"
+
+
+class Service:
+    """Connection settings plus the shared producer. Arguments are those of
+    :class:`kmq.ServiceConfig`; nothing connects until a producer or consumer is used."""
+
+    def __init__(self, config: ServiceConfig | None = None, /, **settings: Any) -> None:
+        if config is not None and settings:
+            raise KmqError("pass either a ServiceConfig or keyword settings, not both")
+        self.config = config if config is not None else ServiceConfig(**settings)
+        self._lock = threading.Lock()
+        self._queues: dict[str, Queue] = {}
+        self._producer: KafkaProducer | None = None
+        self._topics_ready = False
+        self._queue_partitions: int | None = None
+        self._closed = False
+
+    def queue(self, queue_id: str) -> Queue:
+        """The logical queue ``queue_id``; the same object for the same id."""
+        check_queue_id(queue_id)
+        with self._lock:
+            queue = self._queues.get(queue_id)
+            if queue is None:
+                queue = self._queues[queue_id] = Queue(self, queue_id)
+            return queue
+
+    def ensure_topics(self) -> None:
+        """Create the queue and markers topics if they are missing (when ``create_topics``)."""
+        if self._topics_ready or not self.config.create_topics:
+            return
+        ensure_topics(self.config)
+        self._topics_ready = True
+
+    def kafka_producer(self) -> KafkaProducer:
+        """The shared idempotent ``acks=all`` producer (created on first use)."""
+        with self._lock:
+            if self._closed:
+                raise KmqError("service is closed")
+            if self._producer is None:
+                self.ensure_topics()
+                cfg = self.config
+                try:
+                    self._producer = KafkaProducer(
+                        bootstrap_servers=cfg.bootstrap_servers,
+                        client_id=f"{cfg.client_id}-producer",
+                        acks="all",
+                        enable_idempotence=True,
+                        linger_ms=2,
+                        max_request_size=cfg.max_message_bytes,
+                        request_timeout_ms=cfg.request_timeout_ms,
+                    )
+                except KafkaError as exc:
+                    raise BrokerError(
+                        f"cannot reach Kafka at {cfg.bootstrap_servers}: {exc}"
+                    ) from exc
+            return self._producer
+
+    def queue_partition_count(self) -> int:
+        """How many partitions the queue topic has (looked up once)."""
+        if self._queue_partitions is None:
+            producer = self.kafka_producer()
+            deadline = time.monotonic() + self.config.request_timeout_ms / 1000
+            while True:
+                partitions = producer.partitions_for(self.config.queue_topic)
+                if partitions:
+                    self._queue_partitions = len(partitions)
+                    break
+                if time.monotonic() > deadline:
+                    raise BrokerError(f"queue topic {self.config.queue_topic!r} has no partitions")
+                time.sleep(0.05)
+        return self._queue_partitions
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Flush and close the shared producer. Close consumers first."""
+        with self._lock:
+            self._closed = True
+            producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.flush(timeout=timeout_s)
+            producer.close(timeout=timeout_s)
+
+    def __enter__(self) -> Service:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,6 @@
+"""kmq-tracker: watches the markers topic and redelivers messages whose lease expired."""
+
+from tracker.config import TrackerConfig
+from tracker.state import PartitionState, Redeliver
+
+__all__ = ["PartitionState", "Redeliver", "TrackerConfig"]

@@ -1,0 +1,3 @@
+from tracker.cli import main
+
+main()

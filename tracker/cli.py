@@ -1,0 +1,101 @@
+"""``kmq-tracker``: run one tracker replica until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from types import FrameType
+
+import click
+
+from kmq.errors import KmqError
+from tracker.config import TrackerConfig
+
+
+@click.command(context_settings={"show_default": True, "max_content_width": 100})
+@click.option(
+    "--bootstrap-servers",
+    envvar="KMQ_BOOTSTRAP_SERVERS",
+    show_envvar=True,
+    required=True,
+    help="Kafka bootstrap servers, host:port[,host:port].",
+)
+@click.option("--queue-topic", envvar="KMQ_QUEUE_TOPIC", show_envvar=True, default="kmq.queue")
+@click.option("--marker-topic", envvar="KMQ_MARKER_TOPIC", show_envvar=True, default="kmq.markers")
+@click.option(
+    "--group-id",
+    envvar="KMQ_GROUP_ID",
+    show_envvar=True,
+    default="kmq-tracker",
+    help="Consumer group shared by all replicas.",
+)
+@click.option(
+    "--default-redelivery-timeout-s",
+    envvar="KMQ_DEFAULT_REDELIVERY_TIMEOUT_S",
+    show_envvar=True,
+    type=float,
+    default=30.0,
+    help="Lease for markers whose own is missing or absurd.",
+)
+@click.option(
+    "--session-timeout-ms",
+    envvar="KMQ_SESSION_TIMEOUT_MS",
+    show_envvar=True,
+    type=int,
+    default=10_000,
+)
+@click.option(
+    "--commit-interval-s", envvar="KMQ_COMMIT_INTERVAL_S", show_envvar=True, type=float, default=1.0
+)
+@click.option(
+    "--stats-interval-s", envvar="KMQ_STATS_INTERVAL_S", show_envvar=True, type=float, default=30.0
+)
+@click.option(
+    "--log-level",
+    envvar="KMQ_LOG_LEVEL",
+    show_envvar=True,
+    default="INFO",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
+def main(
+    bootstrap_servers: str,
+    queue_topic: str,
+    marker_topic: str,
+    group_id: str,
+    default_redelivery_timeout_s: float,
+    session_timeout_ms: int,
+    commit_interval_s: float,
+    stats_interval_s: float,
+    log_level: str,
+) -> None:
+    """Track kmq markers and redeliver messages whose lease ran out."""
+    logging.basicConfig(
+        level=log_level.upper(),
+        stream=sys.stdout,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+    try:
+        config = TrackerConfig(
+            bootstrap_servers=bootstrap_servers,
+            queue_topic=queue_topic,
+            marker_topic=marker_topic,
+            group_id=group_id,
+            default_redelivery_timeout_s=default_redelivery_timeout_s,
+            session_timeout_ms=session_timeout_ms,
+            commit_interval_s=commit_interval_s,
+            stats_interval_s=stats_interval_s,
+        )
+    except KmqError as exc:
+        raise click.UsageError(str(exc)) from exc
+    from tracker.daemon import Tracker
+
+    tracker = Tracker(config)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        tracker.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    tracker.run()

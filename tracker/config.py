@@ -1,0 +1,43 @@
+"""kmq-tracker settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kmq.config import check_positive_int, check_seconds, check_topic, normalize_bootstrap
+from kmq.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class TrackerConfig:
+    bootstrap_servers: str
+    queue_topic: str = "kmq.queue"
+    marker_topic: str = "kmq.markers"
+    group_id: str = "kmq-tracker"
+    default_redelivery_timeout_s: float = 30.0
+    """Lease used for markers whose own is missing or absurd."""
+    session_timeout_ms: int = 10_000
+    request_timeout_ms: int = 30_000
+    commit_interval_s: float = 1.0
+    poll_timeout_ms: int = 100
+    max_redeliveries_per_round: int = 500
+    redelivery_retry_s: float = 1.0
+    stats_interval_s: float = 30.0
+    client_id: str = "kmq-tracker"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bootstrap_servers", normalize_bootstrap(self.bootstrap_servers))
+        check_topic(self.queue_topic, "queue_topic")
+        check_topic(self.marker_topic, "marker_topic")
+        if self.queue_topic == self.marker_topic:
+            raise ConfigError("queue_topic and marker_topic must be different topics")
+        if not isinstance(self.group_id, str) or not self.group_id:
+            raise ConfigError("group_id must be a non-empty string")
+        check_seconds(self.default_redelivery_timeout_s, "default_redelivery_timeout_s")
+        check_positive_int(self.session_timeout_ms, "session_timeout_ms", minimum=1000)
+        check_positive_int(self.request_timeout_ms, "request_timeout_ms", minimum=1000)
+        check_seconds(self.commit_interval_s, "commit_interval_s", maximum=3600)
+        check_positive_int(self.poll_timeout_ms, "poll_timeout_ms")
+        check_positive_int(self.max_redeliveries_per_round, "max_redeliveries_per_round")
+        check_seconds(self.redelivery_retry_s, "redelivery_retry_s", maximum=3600)
+        check_seconds(self.stats_interval_s, "stats_interval_s", maximum=86400)

@@ -1,0 +1,276 @@
+"""The Kafka adapter around :class:`tracker.state.PartitionState`: reads markers through a
+consumer group, performs due redeliveries, commits what is safe."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.errors import KafkaError
+from kafka.structs import OffsetAndMetadata
+
+from kmq.markers import Marker, MarkerType, encode
+from kmq.records import queue_headers
+from tracker.config import TrackerConfig
+from tracker.state import PartitionState, Redeliver
+
+log = logging.getLogger("kmq.tracker")
+
+
+class Tracker:
+    """One kmq-tracker replica. :meth:`run` blocks until :meth:`stop` is called."""
+
+    def __init__(self, config: TrackerConfig) -> None:
+        self.config = config
+        self._states: dict[int, PartitionState] = {}
+        self._retired: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._caught_up = threading.Event()
+        self._committed: dict[int, int] = {}
+        self._next_commit = 0.0
+        self._next_stats = time.monotonic() + config.stats_interval_s
+        self._kc = KafkaConsumer(
+            bootstrap_servers=config.bootstrap_servers,
+            client_id=config.client_id,
+            group_id=config.group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            session_timeout_ms=config.session_timeout_ms,
+            heartbeat_interval_ms=max(100, config.session_timeout_ms // 4),
+            request_timeout_ms=max(config.request_timeout_ms, config.session_timeout_ms + 5000),
+            fetch_max_wait_ms=100,
+        )
+        self._kc.subscribe([config.marker_topic], listener=_Listener(self))
+        self._producer = KafkaProducer(
+            bootstrap_servers=config.bootstrap_servers,
+            client_id=f"{config.client_id}-producer",
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=2,
+            request_timeout_ms=config.request_timeout_ms,
+        )
+
+    # -- control ----------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to commit, leave the group and return. Safe from signal handlers."""
+        self._stop.set()
+
+    def wait_caught_up(self, timeout_s: float) -> bool:
+        """Block until this replica owns partitions and has replayed all of them."""
+        return self._caught_up.wait(timeout_s)
+
+    def partitions(self) -> list[int]:
+        return sorted(self._states)
+
+    def stats(self) -> Counter[str]:
+        total = Counter(self._retired)
+        for state in list(self._states.values()):
+            total.update(state.stats)
+        total["in_flight"] = sum(s.in_flight for s in list(self._states.values()))
+        return total
+
+    # -- loop -------------------------------------------------------------------------
+
+    def run(self) -> None:
+        log.info(
+            "started: markers %s, queue %s, group %s",
+            self.config.marker_topic,
+            self.config.queue_topic,
+            self.config.group_id,
+        )
+        try:
+            while not self._stop.is_set():
+                records = self._kc.poll(timeout_ms=self.config.poll_timeout_ms, max_records=5000)
+                now = time.monotonic()
+                for tp, batch in records.items():
+                    state = self._states.get(tp.partition)
+                    if state is not None:
+                        for record in batch:
+                            state.on_record(record.offset, record.value, now)
+                self._sync_offsets()
+                self._redeliver()
+                self._commit(force=False)
+                self._log_stats()
+        finally:
+            self._shutdown()
+
+    def _sync_offsets(self) -> None:
+        for partition, state in list(self._states.items()):
+            tp = TopicPartition(self.config.marker_topic, partition)
+            if state.position is None:
+                try:
+                    state.set_position(self._kc.position(tp))
+                except KafkaError as exc:
+                    log.warning("partition %d: position unknown yet (%r)", partition, exc)
+                    continue
+            if state.end_offset is None:
+                highwater = self._kc.highwater(tp)
+                if highwater is not None:
+                    state.set_end_offset(highwater)
+        if (
+            self._states
+            and not self._caught_up.is_set()
+            and not any(s.replaying for s in self._states.values())
+        ):
+            log.info("caught up on partitions %s", self.partitions())
+            self._caught_up.set()
+
+    def _redeliver(self) -> None:
+        now = time.monotonic()
+        budget = self.config.max_redeliveries_per_round
+        actions: list[Redeliver] = []
+        for state in self._states.values():
+            if len(actions) >= budget:
+                break
+            actions.extend(state.due(now, budget - len(actions)))
+        if not actions:
+            return
+        timeout_s = self.config.request_timeout_ms / 1000
+        copies = [
+            (
+                action,
+                self._producer.send(
+                    self.config.queue_topic,
+                    key=action.key,
+                    value=action.value,
+                    headers=queue_headers(action.message_id, action.attempt, action.headers),
+                    partition=action.delivery[0],
+                ),
+            )
+            for action in actions
+        ]
+        records = []
+        for action, future in copies:
+            try:
+                future.get(timeout=timeout_s)
+            except KafkaError as exc:
+                log.warning("redelivery of %s failed (%r); retrying", action.message_id, exc)
+                self._state_failed(action)
+                continue
+            records.append(
+                (
+                    action,
+                    self._producer.send(
+                        self.config.marker_topic,
+                        key=action.message_id.encode(),
+                        value=encode(
+                            Marker(
+                                type=MarkerType.REDELIVERED,
+                                queue=action.queue,
+                                partition=action.delivery[0],
+                                offset=action.delivery[1],
+                                message_id=action.message_id,
+                                attempt=action.attempt,
+                                reason=action.reason,
+                            )
+                        ),
+                    ),
+                )
+            )
+        for action, future in records:
+            try:
+                future.get(timeout=timeout_s)
+            except KafkaError as exc:
+                # The copy is out, so nothing is lost; without the marker a restarted tracker
+                # may redeliver it once more.
+                log.error("REDELIVERED marker for %s not written (%r)", action.message_id, exc)
+            log.info(
+                "redelivered %s (queue %r, attempt %d, %s)",
+                action.message_id,
+                action.queue,
+                action.attempt,
+                action.reason,
+            )
+            owner = self._states.get(action.marker_partition)
+            if owner is not None:
+                owner.redelivered(action.delivery)
+
+    def _state_failed(self, action: Redeliver) -> None:
+        state = self._states.get(action.marker_partition)
+        if state is not None:
+            state.redelivery_failed(
+                action.delivery, time.monotonic(), self.config.redelivery_retry_s
+            )
+
+    def _commit(self, *, force: bool, partitions: Iterable[int] | None = None) -> None:
+        now = time.monotonic()
+        if not force and now < self._next_commit:
+            return
+        self._next_commit = now + self.config.commit_interval_s
+        offsets: dict[TopicPartition, OffsetAndMetadata] = {}
+        for partition in partitions if partitions is not None else list(self._states):
+            state = self._states.get(partition)
+            offset = state.commit_offset() if state is not None else None
+            if offset is not None and self._committed.get(partition) != offset:
+                tp = TopicPartition(self.config.marker_topic, partition)
+                offsets[tp] = OffsetAndMetadata(offset, "", -1)
+        if not offsets:
+            return
+        try:
+            self._kc.commit(offsets)
+        except KafkaError as exc:
+            log.warning("offset commit failed (%r); the next owner replays a little more", exc)
+            return
+        for tp, meta in offsets.items():
+            self._committed[tp.partition] = meta.offset
+
+    def _log_stats(self) -> None:
+        now = time.monotonic()
+        if now < self._next_stats:
+            return
+        self._next_stats = now + self.config.stats_interval_s
+        stats = self.stats()
+        log.info("stats: %s", " ".join(f"{k}={v}" for k, v in sorted(stats.items())))
+
+    def _shutdown(self) -> None:
+        try:
+            self._commit(force=True)
+        finally:
+            try:
+                self._kc.close(autocommit=False)
+            finally:
+                self._producer.flush(timeout=self.config.request_timeout_ms / 1000)
+                self._producer.close(timeout=5)
+        log.info("stopped: %s", " ".join(f"{k}={v}" for k, v in sorted(self.stats().items())))
+
+    # -- rebalance --------------------------------------------------------------------
+
+    def _on_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+        partitions = [tp.partition for tp in revoked if tp.partition in self._states]
+        if not partitions:
+            return
+        self._commit(force=True, partitions=partitions)
+        for partition in partitions:
+            state = self._states.pop(partition)
+            self._retired.update(state.stats)
+            self._committed.pop(partition, None)
+        self._caught_up.clear()
+        log.info("revoked partitions %s", sorted(partitions))
+
+    def _on_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        for tp in assigned:
+            if tp.partition in self._states:
+                continue
+            self._states[tp.partition] = PartitionState(
+                tp.partition, default_lease_s=self.config.default_redelivery_timeout_s
+            )
+        self._caught_up.clear()
+        log.info("assigned partitions %s", self.partitions())
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, tracker: Tracker) -> None:
+        self._tracker = tracker
+
+    def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+        self._tracker._on_revoked(revoked)
+
+    def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        self._tracker._on_assigned(assigned)

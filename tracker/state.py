@@ -1,0 +1,229 @@
+"""The tracker's pure core: one object per markers partition, no I/O, time passed in.
+
+Deadlines are local monotonic seconds: a marker's lease runs from the moment the tracker
+reads it. Client clocks (marker timestamps) never decide a deadline, so a skewed producer
+can neither hasten nor postpone a redelivery; reading a marker late can only delay one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, replace
+
+from sortedcontainers import SortedList
+
+from kmq.config import MAX_REDELIVERY_TIMEOUT_S
+from kmq.errors import MarkerDecodeError
+from kmq.markers import Marker, MarkerType, decode
+
+log = logging.getLogger(__name__)
+
+Delivery = tuple[int, int]
+"""A delivered queue-topic record: (partition, offset)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Redeliver:
+    """Action: write a new copy of a message to the queue topic, then record that it was."""
+
+    marker_partition: int
+    delivery: Delivery
+    queue: str
+    message_id: str
+    attempt: int
+    """The attempt number the new copy carries."""
+    key: bytes
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...]
+    reason: str
+
+
+@dataclass(slots=True, eq=False)
+class _InFlight:
+    start: Marker
+    start_offset: int
+    deadline: float
+    attempt_step: int = 1
+    reason: str = "lease expired"
+    redelivering: bool = False
+
+
+class PartitionState:
+    """What one tracker knows about one markers partition.
+
+    Feed it every record in offset order with :meth:`on_record`; ask :meth:`due` for the
+    redeliveries to perform; report their outcome with :meth:`redelivered` or
+    :meth:`redelivery_failed`; commit :meth:`commit_offset`.
+    """
+
+    def __init__(self, partition: int, *, default_lease_s: float = 30.0) -> None:
+        self.partition = partition
+        self.default_lease_s = default_lease_s
+        self.position: int | None = None
+        """Offset of the next marker to read."""
+        self.end_offset: int | None = None
+        """The replay gate: the partition's end when it was assigned."""
+        self.stats: Counter[str] = Counter()
+        self._inflight: dict[Delivery, _InFlight] = {}
+        self._deadlines: SortedList = SortedList()  # (deadline, delivery)
+        self._starts: SortedList = SortedList()  # marker offsets of in-flight STARTs
+
+    # -- inputs -----------------------------------------------------------------------
+
+    def set_position(self, offset: int) -> None:
+        """Where reading starts (the committed offset); later calls are ignored."""
+        if self.position is None:
+            self.position = offset
+
+    def set_end_offset(self, end: int) -> None:
+        """The high watermark seen first after assignment; later calls are ignored."""
+        if self.end_offset is None:
+            self.end_offset = end
+
+    @property
+    def replaying(self) -> bool:
+        """True until everything that was in the partition at assignment has been read."""
+        return self.end_offset is None or self.position is None or self.position < self.end_offset
+
+    def on_record(self, offset: int, value: bytes | None, now: float) -> None:
+        """Apply the marker record at ``offset``. Never raises on bad input."""
+        if self.position is not None and offset < self.position:
+            self.stats["reread"] += 1
+            return
+        self.position = offset + 1
+        try:
+            marker = decode(value)
+        except MarkerDecodeError as exc:
+            self.stats["bad_marker"] += 1
+            log.warning("markers partition %d offset %d skipped: %s", self.partition, offset, exc)
+            return
+        self.stats[marker.type.name.lower()] += 1
+        if marker.type is MarkerType.START:
+            self._on_start(offset, marker, now)
+            return
+        entry = self._inflight.get(marker.delivery)
+        if entry is None:
+            # Normal after a restart (the START lies before the commit point), after our own
+            # REDELIVERED marker, or when a lease already expired; anything else is a client bug.
+            self.stats["unknown_delivery"] += 1
+            return
+        if marker.type in (MarkerType.END, MarkerType.REDELIVERED):
+            self._drop(marker.delivery, entry)
+        elif entry.redelivering:
+            self.stats["late_marker"] += 1
+        elif marker.type is MarkerType.KEEPALIVE:
+            self._reschedule(marker.delivery, entry, now + self._lease_s(marker))
+        elif marker.type is MarkerType.NACK:
+            entry.attempt_step, entry.reason = 1, marker.reason or "nacked"
+            self._reschedule(marker.delivery, entry, now + self._delay_s(marker))
+        elif marker.type is MarkerType.RELEASE:
+            entry.attempt_step, entry.reason = 0, marker.reason or "released"
+            self._reschedule(marker.delivery, entry, now)
+
+    def redelivered(self, delivery: Delivery) -> None:
+        """The new copy and its REDELIVERED marker are on the broker: forget the delivery."""
+        entry = self._inflight.get(delivery)
+        if entry is not None:
+            self._drop(delivery, entry)
+            self.stats["redelivered"] += 1
+
+    def redelivery_failed(self, delivery: Delivery, now: float, retry_after_s: float) -> None:
+        """The redelivery did not go through: try again after ``retry_after_s``."""
+        entry = self._inflight.get(delivery)
+        if entry is not None and entry.redelivering:
+            entry.redelivering = False
+            self.stats["redelivery_failed"] += 1
+            self._reschedule(delivery, entry, now + retry_after_s)
+
+    # -- outputs ----------------------------------------------------------------------
+
+    def due(self, now: float, limit: int = 1000) -> list[Redeliver]:
+        """Redeliveries whose deadline has passed; none while replaying."""
+        if self.replaying:
+            return []
+        actions: list[Redeliver] = []
+        while self._deadlines and len(actions) < limit:
+            deadline, delivery = self._deadlines[0]
+            if deadline > now:
+                break
+            del self._deadlines[0]
+            entry = self._inflight[delivery]
+            entry.redelivering = True
+            start = entry.start
+            actions.append(
+                Redeliver(
+                    marker_partition=self.partition,
+                    delivery=delivery,
+                    queue=start.queue,
+                    message_id=start.message_id,
+                    attempt=start.attempt + entry.attempt_step,
+                    key=start.key,
+                    value=start.value,
+                    headers=start.headers,
+                    reason=entry.reason,
+                )
+            )
+        return actions
+
+    def next_deadline(self) -> float | None:
+        return self._deadlines[0][0] if self._deadlines else None
+
+    def commit_offset(self) -> int | None:
+        """The offset a restart must replay from: the oldest in-flight START, else the end."""
+        if self._starts:
+            return int(self._starts[0])
+        return self.position
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._inflight)
+
+    def deliveries(self) -> list[Delivery]:
+        return list(self._inflight)
+
+    # -- internals --------------------------------------------------------------------
+
+    def _on_start(self, offset: int, marker: Marker, now: float) -> None:
+        if marker.attempt < 1:
+            self.stats["bad_attempt"] += 1
+            marker = replace(marker, attempt=1)
+        deadline = now + self._lease_s(marker)
+        entry = self._inflight.get(marker.delivery)
+        if entry is not None:
+            # The same record started twice: a consumer died between START and offset commit,
+            # or a rebalance handed the record to a second consumer. One lease covers both.
+            self.stats["duplicate_start"] += 1
+            if not entry.redelivering:
+                self._reschedule(marker.delivery, entry, max(entry.deadline, deadline))
+            return
+        self._inflight[marker.delivery] = _InFlight(marker, offset, deadline)
+        self._deadlines.add((deadline, marker.delivery))
+        self._starts.add(offset)
+
+    def _lease_s(self, marker: Marker) -> float:
+        ms = marker.redeliver_after_ms
+        if 0 < ms <= MAX_REDELIVERY_TIMEOUT_S * 1000:
+            return ms / 1000
+        # Losing track of the message would be worse than guessing its lease.
+        self.stats["bad_lease"] += 1
+        return self.default_lease_s
+
+    def _delay_s(self, marker: Marker) -> float:
+        ms = marker.redeliver_after_ms
+        if 0 <= ms <= MAX_REDELIVERY_TIMEOUT_S * 1000:
+            return ms / 1000
+        self.stats["bad_lease"] += 1
+        return 0.0 if ms < 0 else MAX_REDELIVERY_TIMEOUT_S
+
+    def _reschedule(self, delivery: Delivery, entry: _InFlight, deadline: float) -> None:
+        if not entry.redelivering:
+            self._deadlines.discard((entry.deadline, delivery))
+        entry.deadline = deadline
+        self._deadlines.add((deadline, delivery))
+
+    def _drop(self, delivery: Delivery, entry: _InFlight) -> None:
+        del self._inflight[delivery]
+        if not entry.redelivering:
+            self._deadlines.discard((entry.deadline, delivery))
+        self._starts.discard(entry.start_offset)
