@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from kmq.errors import ConfigError
@@ -29,10 +28,9 @@ def check_positive_int(value: object, what: str, *, minimum: int = 1) -> None:
 def check_seconds(value: object, what: str, *, maximum: float = MAX_REDELIVERY_TIMEOUT_S) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{what} must be a number of seconds, got {value!r}")
-    seconds = float(value)
-    if not math.isfinite(seconds) or seconds <= 0 or seconds > maximum:
+    if not 0 < value <= maximum:  # also rejects NaN and infinities
         raise ConfigError(f"{what} must be > 0 and <= {maximum:g} s, got {value!r}")
-    return seconds
+    return float(value)
 
 
 def normalize_bootstrap(servers: object) -> str:
@@ -42,7 +40,8 @@ def normalize_bootstrap(servers: object) -> str:
         raise ConfigError(f"bootstrap_servers must be 'host:port[,host:port...]', got {servers!r}")
     for server in servers.split(","):
         host, sep, port = server.strip().rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        valid_port = port.isascii() and port.isdigit() and 0 < int(port) < 65536
+        if not sep or not host or not valid_port:
             raise ConfigError(f"bootstrap server {server!r} is not 'host:port'")
     return servers
 

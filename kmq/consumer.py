@@ -57,6 +57,7 @@ class Consumer:
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self._next_tick = 0.0
+        self._assigned: frozenset[int] = frozenset()
         self.group_id = config.group_id or f"kmq.{cfg.queue_topic}.{queue.id}"
         try:
             self._kc = KafkaConsumer(
@@ -126,9 +127,9 @@ class Consumer:
         with self._cond:
             return len(self._held)
 
-    def assignment(self) -> set[int]:
-        """Queue-topic partitions this consumer currently owns (empty before it joins)."""
-        return {tp.partition for tp in self._kc.assignment()}
+    def assignment(self) -> frozenset[int]:
+        """Queue-topic partitions this consumer owned at its last poll (empty before it joins)."""
+        return self._assigned
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Release every unsettled message for immediate redelivery and leave the group."""
@@ -164,16 +165,26 @@ class Consumer:
     ) -> None:
         self.close()
 
-    def _settle(self, message: Message, state: State, delay_ms: int, reason: str) -> None:
+    def _settle(
+        self, message: Message, state: State, delay_ms: int, reason: str, wait: bool
+    ) -> None:
         with self._cond:
             if message._state is not State.HELD:
                 raise MessageStateError(f"cannot {state.value[:-2]} {message!r}: already settled")
             self._held.pop((message.partition, message.offset), None)
             message._state = state
             if state is State.ACKED:
-                self._send(MarkerType.END, message, 0, "")
+                future = self._send(MarkerType.END, message, 0, "")
             else:
-                self._send(MarkerType.NACK, message, delay_ms, reason)
+                future = self._send(MarkerType.NACK, message, delay_ms, reason)
+        if wait:
+            try:
+                future.get(timeout=self._request_timeout_s)
+            except KafkaError as exc:
+                raise BrokerError(
+                    f"{state.value[:-2]} of {message.id} not written ({exc!r}); the message "
+                    "will be redelivered when its lease runs out"
+                ) from exc
 
     # -- background loop --------------------------------------------------------------
 
@@ -207,8 +218,10 @@ class Consumer:
             return self.config.max_in_flight - len(self._held)
 
     def _apply_backpressure(self, room: int) -> None:
+        assigned = self._kc.assignment()
+        self._assigned = frozenset(tp.partition for tp in assigned)
         if room <= 0:
-            unpaused = self._kc.assignment() - self._kc.paused()
+            unpaused = assigned - self._kc.paused()
             if unpaused:
                 self._kc.pause(*unpaused)
         else:
@@ -304,7 +317,7 @@ class Consumer:
                     self._send(MarkerType.KEEPALIVE, message, self._lease_ms, "")
                     message.next_keepalive = now + self._keepalive_s
 
-    def _send(self, kind: MarkerType, message: Message, after_ms: int, reason: str) -> None:
+    def _send(self, kind: MarkerType, message: Message, after_ms: int, reason: str) -> Any:
         """Write a marker for ``message``. Callers hold ``_cond`` so markers of one message
         reach the producer, and so the broker, in the order they were decided."""
         marker = Marker(
@@ -330,3 +343,4 @@ class Consumer:
                 exc,
             )
         )
+        return future

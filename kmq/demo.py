@@ -186,7 +186,7 @@ def run_demo(
                     say(f"{name:<10} | took {event['id']} again, attempt {event['attempt']}")
             elif kind == "acked":
                 acked[event["id"]] += 1
-            elif kind == "hanging":
+            elif kind == "holding":
                 victim = procs.procs[name]
                 say(f"{name:<10} | holding {event['id']} ... SIGKILL (pid {victim.pid})")
                 os.kill(victim.pid, signal.SIGKILL)

@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 
+from kmq.message import Message
 from kmq.service import Service
 
 
@@ -26,11 +27,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--redelivery-timeout-s", type=float, default=2.0)
     parser.add_argument("--session-timeout-ms", type=int, default=6000)
     parser.add_argument("--work-s", type=float, default=0.05)
+    parser.add_argument("--max-in-flight", type=int, default=1)
     parser.add_argument(
         "--hang-after",
         type=int,
         default=-1,
-        help="Ack this many messages, then hang holding the next one.",
+        help="Ack this many messages, then hold every later one without settling it.",
     )
     args = parser.parse_args(argv)
 
@@ -47,14 +49,16 @@ def main(argv: list[str] | None = None) -> None:
         create_topics=False,
     )
     acked = 0
-    with service, service.queue(args.queue).consumer(max_in_flight=1) as consumer:
+    held: list[Message] = []
+    queue = service.queue(args.queue)
+    with service, queue.consumer(max_in_flight=args.max_in_flight) as consumer:
         emit(event="ready", worker=args.name)
         for message in consumer:
             emit(event="took", worker=args.name, id=message.id, attempt=message.attempt)
-            if acked == args.hang_after:
-                emit(event="hanging", worker=args.name, id=message.id)
-                while True:
-                    time.sleep(3600)
+            if 0 <= args.hang_after <= acked:
+                held.append(message)  # never settled: only a kill ends this
+                emit(event="holding", worker=args.name, id=message.id, attempt=message.attempt)
+                continue
             time.sleep(args.work_s)
             message.ack()
             acked += 1

@@ -11,6 +11,8 @@ from kmq._proto import marker_pb2
 from kmq.errors import MarkerDecodeError
 
 PROTOCOL_VERSION = 1
+MAX_ATTEMPT = 2**32 - 1
+"""The attempt field is a uint32: larger attempt numbers cannot be encoded."""
 
 
 class MarkerType(enum.IntEnum):

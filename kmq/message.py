@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Protocol
@@ -21,7 +20,9 @@ class State(enum.Enum):
 
 
 class _Settler(Protocol):
-    def _settle(self, message: Message, state: State, delay_ms: int, reason: str) -> None: ...
+    def _settle(
+        self, message: Message, state: State, delay_ms: int, reason: str, wait: bool
+    ) -> None: ...
 
 
 class Message:
@@ -70,21 +71,28 @@ class Message:
     def state(self) -> State:
         return self._state
 
-    def ack(self) -> None:
-        """Done with it: it will never be redelivered."""
-        self._consumer._settle(self, State.ACKED, 0, "")
+    def ack(self, *, wait: bool = True) -> None:
+        """Done with it: it will never be redelivered.
 
-    def nack(self, delay_s: float = 0.0, reason: str = "") -> None:
-        """Give it back: it is redelivered after ``delay_s`` seconds with ``attempt + 1``."""
+        Returns once the broker has the END marker. With ``wait=False`` it returns at once
+        (faster); a crash before the END is written then means one more delivery.
+        """
+        self._consumer._settle(self, State.ACKED, 0, "", wait)
+
+    def nack(self, delay_s: float = 0.0, reason: str = "", *, wait: bool = True) -> None:
+        """Give it back: it is redelivered after ``delay_s`` seconds with ``attempt + 1``.
+
+        ``wait`` as for :meth:`ack`.
+        """
         if isinstance(delay_s, bool) or not isinstance(delay_s, (int, float)):
             raise InvalidArgumentError(f"delay_s must be a number, got {delay_s!r}")
-        if not math.isfinite(delay_s) or not 0 <= delay_s <= MAX_REDELIVERY_TIMEOUT_S:
+        if not 0 <= delay_s <= MAX_REDELIVERY_TIMEOUT_S:  # also rejects NaN and infinities
             raise InvalidArgumentError(
                 f"delay_s must be within [0, {MAX_REDELIVERY_TIMEOUT_S:g}], got {delay_s!r}"
             )
         if not isinstance(reason, str):
             raise InvalidArgumentError("reason must be a str")
-        self._consumer._settle(self, State.NACKED, round(delay_s * 1000), reason)
+        self._consumer._settle(self, State.NACKED, round(delay_s * 1000), reason, wait)
 
     def __repr__(self) -> str:
         return (

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 # Protobuf adds a few bytes per field; anything this far under the limit cannot overflow it.
 _SLACK_BYTES = 4096
+# A repeated Header costs up to three tags and three length varints on top of its name and value.
+_HEADER_OVERHEAD_BYTES = 20
 
 
 class Producer:
@@ -70,7 +72,11 @@ class Producer:
         self, message_id: str, body: bytes, headers: tuple[tuple[str, bytes], ...]
     ) -> None:
         limit = self._service.config.max_message_bytes
-        rough = len(body) + sum(len(k) + len(v) for k, v in headers) + 2 * len(self._key)
+        rough = (
+            len(body)
+            + sum(len(k.encode()) + len(v) + _HEADER_OVERHEAD_BYTES for k, v in headers)
+            + 2 * len(self._key)
+        )
         if rough + _SLACK_BYTES <= limit:
             return
         size = start_marker_record_size(self._queue.id, message_id, body, headers)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-from kmq.markers import Marker, MarkerType, encode
+from kmq.markers import MAX_ATTEMPT, Marker, MarkerType, encode
 
 ID_HEADER = "kmq.id"
 ATTEMPT_HEADER = "kmq.attempt"
@@ -43,7 +43,7 @@ def parse_queue_headers(
             message_id = value.decode("utf-8", "replace")
         elif name == ATTEMPT_HEADER and value:
             try:
-                attempt = max(1, int(value))
+                attempt = min(max(1, int(value)), MAX_ATTEMPT)
             except ValueError:
                 attempt = 1
         else:

@@ -15,10 +15,10 @@ def check_queue_id(queue: object) -> str:
         raise InvalidQueueError(f"queue id must be a str, got {type(queue).__name__}")
     if not queue:
         raise InvalidQueueError("queue id must not be empty")
-    if len(queue.encode("utf-8")) > MAX_QUEUE_ID_BYTES:
-        raise InvalidQueueError(f"queue id is longer than {MAX_QUEUE_ID_BYTES} bytes of UTF-8")
     if any(c.isspace() or not c.isprintable() for c in queue):
         raise InvalidQueueError(f"queue id {queue!r} contains whitespace or control characters")
+    if len(queue.encode("utf-8")) > MAX_QUEUE_ID_BYTES:
+        raise InvalidQueueError(f"queue id is longer than {MAX_QUEUE_ID_BYTES} bytes of UTF-8")
     return queue
 
 
@@ -41,6 +41,10 @@ def check_headers(headers: Mapping[str, bytes] | None) -> tuple[tuple[str, bytes
     for name, value in headers.items():
         if not isinstance(name, str) or not name:
             raise InvalidMessageError(f"header names must be non-empty str, got {name!r}")
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidMessageError(f"header name {name!r} is not valid UTF-8") from None
         if name.startswith(RESERVED_HEADER_PREFIX):
             raise InvalidMessageError(f"header {name!r}: names starting with 'kmq.' are reserved")
         if not isinstance(value, (bytes, bytearray)):

@@ -15,7 +15,7 @@ from sortedcontainers import SortedList
 
 from kmq.config import MAX_REDELIVERY_TIMEOUT_S
 from kmq.errors import MarkerDecodeError
-from kmq.markers import Marker, MarkerType, decode
+from kmq.markers import MAX_ATTEMPT, Marker, MarkerType, decode
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class PartitionState:
         entry = self._inflight.get(delivery)
         if entry is not None:
             self._drop(delivery, entry)
-            self.stats["redelivered"] += 1
+            self.stats["redeliveries"] += 1
 
     def redelivery_failed(self, delivery: Delivery, now: float, retry_after_s: float) -> None:
         """The redelivery did not go through: try again after ``retry_after_s``."""
@@ -157,7 +157,7 @@ class PartitionState:
                     delivery=delivery,
                     queue=start.queue,
                     message_id=start.message_id,
-                    attempt=start.attempt + entry.attempt_step,
+                    attempt=min(start.attempt + entry.attempt_step, MAX_ATTEMPT),
                     key=start.key,
                     value=start.value,
                     headers=start.headers,

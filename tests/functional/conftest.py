@@ -1,0 +1,195 @@
+"""Functional-test fixtures: a real Kafka-protocol broker, fresh topics, trackers, workers.
+
+The broker is the embedded Tansu by default, the one at KMQ_TEST_BOOTSTRAP_SERVERS when
+that is set, or Docker Compose's Kafka (pytest-docker) when KMQ_TEST_DOCKER=1. A broker
+that cannot be had is an error, never a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import kmq
+from kmq.embedded import EmbeddedBroker
+from kmq.topics import ensure_topics
+from tests.functional.helpers import Children
+from tracker.config import TrackerConfig
+from tracker.daemon import Tracker
+
+REDELIVERY_TIMEOUT_S = 1.0
+
+
+@dataclass(frozen=True)
+class Broker:
+    bootstrap_servers: str
+    session_timeout_ms: int
+
+
+@dataclass(frozen=True)
+class Topics:
+    queue: str
+    markers: str
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/functional" in str(item.path):
+            item.add_marker(pytest.mark.functional)
+
+
+@pytest.fixture(scope="session")
+def broker(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Broker]:
+    external = os.environ.get("KMQ_TEST_BOOTSTRAP_SERVERS")
+    if external:
+        # Apache Kafka refuses sessions under group.min.session.timeout.ms (6 s by default).
+        yield Broker(external, 6000)
+        return
+    if os.environ.get("KMQ_TEST_DOCKER") == "1":
+        services = request.getfixturevalue("docker_services")
+        port = services.port_for("kafka", 9092)
+        yield Broker(f"127.0.0.1:{port}", 6000)
+        return
+    log = tmp_path_factory.mktemp("broker") / "tansu.log"
+    with EmbeddedBroker(log_path=log) as embedded:
+        # Tansu settles a group in about half the session timeout, so keep it short.
+        yield Broker(embedded.bootstrap_servers, 2000)
+
+
+@pytest.fixture(scope="session")
+def docker_compose_file(pytestconfig: pytest.Config) -> str:
+    return str(Path(pytestconfig.rootpath) / "docker-compose.yml")
+
+
+@pytest.fixture
+def topics(broker: Broker) -> Topics:
+    tag = uuid.uuid4().hex[:10]
+    names = Topics(f"t{tag}.queue", f"t{tag}.markers")
+    ensure_topics(
+        kmq.ServiceConfig(
+            bootstrap_servers=broker.bootstrap_servers,
+            queue_topic=names.queue,
+            marker_topic=names.markers,
+            queue_partitions=2,
+            marker_partitions=2,
+        )
+    )
+    return names
+
+
+@pytest.fixture
+def make_service(broker: Broker, topics: Topics) -> Iterator[Callable[..., kmq.Service]]:
+    made: list[kmq.Service] = []
+
+    def make(**overrides: object) -> kmq.Service:
+        settings: dict[str, object] = {
+            "bootstrap_servers": broker.bootstrap_servers,
+            "queue_topic": topics.queue,
+            "marker_topic": topics.markers,
+            "redelivery_timeout_s": REDELIVERY_TIMEOUT_S,
+            "session_timeout_ms": broker.session_timeout_ms,
+            "queue_partitions": 2,
+            "marker_partitions": 2,
+        }
+        settings.update(overrides)
+        svc = kmq.Service(**settings)
+        made.append(svc)
+        return svc
+
+    yield make
+    for svc in made:
+        svc.close()
+
+
+@pytest.fixture
+def service(make_service: Callable[..., kmq.Service]) -> kmq.Service:
+    return make_service()
+
+
+class RunningTracker:
+    def __init__(self, config: TrackerConfig) -> None:
+        self.tracker = Tracker(config)
+        self.thread = threading.Thread(target=self.tracker.run, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.tracker.stop()
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive(), "tracker did not stop"
+
+
+@pytest.fixture
+def tracker_config(broker: Broker, topics: Topics) -> TrackerConfig:
+    return TrackerConfig(
+        bootstrap_servers=broker.bootstrap_servers,
+        queue_topic=topics.queue,
+        marker_topic=topics.markers,
+        group_id=f"tracker-{topics.markers}",
+        default_redelivery_timeout_s=REDELIVERY_TIMEOUT_S,
+        session_timeout_ms=broker.session_timeout_ms,
+        commit_interval_s=0.2,
+    )
+
+
+@pytest.fixture
+def tracker(tracker_config: TrackerConfig) -> Iterator[Tracker]:
+    """An in-process tracker that owns every markers partition and has caught up."""
+    running = RunningTracker(tracker_config)
+    try:
+        assert running.tracker.wait_caught_up(30), "tracker never caught up"
+        yield running.tracker
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+def children() -> Iterator[Children]:
+    kids = Children()
+    yield kids
+    kids.cleanup()
+
+
+def tracker_argv(config: TrackerConfig) -> list[str]:
+    return [
+        "-m", "tracker",
+        "--bootstrap-servers", config.bootstrap_servers,
+        "--queue-topic", config.queue_topic,
+        "--marker-topic", config.marker_topic,
+        "--group-id", config.group_id,
+        "--default-redelivery-timeout-s", str(config.default_redelivery_timeout_s),
+        "--session-timeout-ms", str(config.session_timeout_ms),
+        "--commit-interval-s", str(config.commit_interval_s),
+        "--stats-interval-s", "1",
+    ]  # fmt: skip
+
+
+def worker_argv(
+    broker: Broker,
+    topics: Topics,
+    queue: str,
+    name: str,
+    *,
+    max_in_flight: int = 1,
+    hang_after: int = -1,
+) -> list[str]:
+    return [
+        "-m", "kmq.demo_worker",
+        "--bootstrap-servers", broker.bootstrap_servers,
+        "--queue-topic", topics.queue,
+        "--marker-topic", topics.markers,
+        "--queue", queue,
+        "--name", name,
+        "--redelivery-timeout-s", str(REDELIVERY_TIMEOUT_S),
+        "--session-timeout-ms", str(broker.session_timeout_ms),
+        "--max-in-flight", str(max_in_flight),
+        "--hang-after", str(hang_after),
+        "--work-s", "0",
+    ]  # fmt: skip

@@ -1,0 +1,153 @@
+"""Helpers for functional tests: waiting on conditions and child processes we can kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kafka import KafkaConsumer, TopicPartition
+
+from kmq.markers import Marker, MarkerDecodeError, decode
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+
+
+class Child:
+    """A child process whose output lines are kept and can be awaited."""
+
+    def __init__(self, name: str, argv: list[str]) -> None:
+        self.name = name
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
+        )
+        self.lines: list[str] = []
+        self._new: queue.Queue[str] = queue.Queue()
+        self._cursor = 0
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._new.put(line.rstrip("\n"))
+
+    def _drain(self, timeout_s: float) -> None:
+        try:
+            self.lines.append(self._new.get(timeout=timeout_s))
+            while True:
+                self.lines.append(self._new.get_nowait())
+        except queue.Empty:
+            pass
+
+    def wait_for(self, pattern: str, timeout_s: float = 20.0, *, count: int = 1) -> list[str]:
+        """Wait until ``count`` output lines match ``pattern`` (searched anywhere in the line)."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            hits = [line for line in self.lines if regex.search(line)]
+            if len(hits) >= count:
+                return hits
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                tail = "\n".join(self.lines[-30:])
+                raise AssertionError(
+                    f"{self.name}: no {count} lines matching {pattern!r} in {timeout_s} s; "
+                    f"exit={self.proc.poll()} last output:\n{tail}"
+                )
+            if self.proc.poll() is not None and self._new.empty():
+                self._drain(0.2)
+                if not [line for line in self.lines if regex.search(line)][count - 1 :]:
+                    tail = "\n".join(self.lines[-30:])
+                    raise AssertionError(f"{self.name} exited {self.proc.returncode}:\n{tail}")
+            self._drain(min(remaining, 0.1))
+
+    def events(self) -> list[dict[str, Any]]:
+        """JSON lines printed so far (the demo worker's protocol)."""
+        self._drain(0)
+        out = []
+        for line in self.lines:
+            if line.startswith("{"):
+                out.append(json.loads(line))
+        return out
+
+    def kill(self, sig: int = signal.SIGKILL) -> int:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+        return self.proc.wait(timeout=30)
+
+
+class Children:
+    """Every child a test started; all are killed by PID when the test ends."""
+
+    def __init__(self) -> None:
+        self.all: list[Child] = []
+
+    def start(self, name: str, argv: list[str]) -> Child:
+        child = Child(name, argv)
+        self.all.append(child)
+        return child
+
+    def python(self, name: str, *args: str) -> Child:
+        return self.start(name, [sys.executable, "-u", *args])
+
+    def cleanup(self) -> None:
+        for child in self.all:
+            if child.proc.poll() is None:
+                os.kill(child.proc.pid, signal.SIGKILL)
+                child.proc.wait(timeout=30)
+
+
+def read_markers(bootstrap_servers: str, topic: str, timeout_s: float = 10.0) -> list[Marker]:
+    """Every decodable marker on ``topic``, up to the high watermarks seen while reading."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False)
+    try:
+        partitions = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        markers: list[Marker] = []
+        done: set[TopicPartition] = set()
+        deadline = time.monotonic() + timeout_s
+        while len(done) < len(tps) and time.monotonic() < deadline:
+            for batch in consumer.poll(timeout_ms=200).values():
+                for record in batch:
+                    try:
+                        markers.append(decode(record.value))
+                    except MarkerDecodeError:
+                        pass
+            for tp in tps:
+                highwater = consumer.highwater(tp)
+                if highwater is not None and consumer.position(tp) >= highwater:
+                    done.add(tp)
+        if len(done) < len(tps):
+            raise AssertionError(f"could not read {topic} to its end in {timeout_s} s")
+        return markers
+    finally:
+        consumer.close()

@@ -1,0 +1,270 @@
+"""Crashes, restarts, fail-over, bad input: what the kafka-mq-go suite does not cover."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+import kmq
+from kmq.markers import Marker, MarkerType, encode
+from tests.functional.conftest import Broker, Topics, tracker_argv, worker_argv
+from tests.functional.helpers import Children, read_markers, wait_until
+from tracker.config import TrackerConfig
+from tracker.daemon import Tracker
+
+
+def receive_all(consumer: kmq.Consumer, count: int, timeout_s: float) -> list[kmq.Message]:
+    got: list[kmq.Message] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < count and time.monotonic() < deadline:
+        msg = consumer.receive(timeout_s=0.2)
+        if msg is not None:
+            got.append(msg)
+    return got
+
+
+def test_worker_killed_mid_message_is_redelivered_then_acked(
+    broker: Broker, topics: Topics, service: kmq.Service, tracker: Tracker, children: Children
+) -> None:
+    q = service.queue("jobs")
+    sent = q.producer().send(b"work")
+    worker = children.python("worker", *worker_argv(broker, topics, "jobs", "w1", hang_after=0))
+    worker.wait_for(r'"event": "holding"', 30)
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.proc.wait()
+    with q.consumer() as consumer:
+        msg = consumer.receive(timeout_s=15)
+        assert msg is not None
+        assert (msg.id, msg.attempt, msg.payload) == (sent, 2, b"work")
+        msg.ack()
+        assert consumer.receive(timeout_s=2) is None
+    assert tracker.stats()["redeliveries"] == 1
+
+
+def test_keepalive_lets_a_worker_hold_a_message_three_timeouts(
+    service: kmq.Service, tracker: Tracker
+) -> None:
+    q = service.queue("slow")
+    q.producer().send(b"slow")
+    with q.consumer() as consumer:
+        msg = consumer.receive(timeout_s=15)
+        assert msg is not None
+        held_s = 3 * service.config.redelivery_timeout_s
+        # Nothing may come back while we hold it; receive() returns early on any copy.
+        assert consumer.receive(timeout_s=held_s) is None
+        assert tracker.stats()["keepalive"] >= 3
+        msg.ack()
+    wait_until(lambda: tracker.stats()["end"] == 1, 10, "the END to reach the tracker")
+    assert tracker.stats()["redeliveries"] == 0
+
+
+def test_tracker_restart_loses_nothing_and_redelivers_once(
+    broker: Broker,
+    topics: Topics,
+    service: kmq.Service,
+    tracker_config: TrackerConfig,
+    children: Children,
+) -> None:
+    q = service.queue("jobs")
+    producer = q.producer()
+    sent = {producer.send(b"%d" % i) for i in range(6)}
+    t1 = children.python("tracker-1", *tracker_argv(tracker_config))
+    t1.wait_for("caught up", 30)
+    worker = children.python(
+        "worker", *worker_argv(broker, topics, "jobs", "w1", max_in_flight=6, hang_after=3)
+    )
+    worker.wait_for(r'"event": "holding"', 30, count=3)
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.proc.wait()
+    t1.wait_for(": redelivered ", 15, count=3)
+    os.kill(t1.pid, signal.SIGKILL)  # crash right after redelivering: no clean commit
+    t1.proc.wait()
+    acked = {e["id"] for e in worker.events() if e["event"] == "acked"}
+    assert len(acked) == 3
+
+    t2 = children.python("tracker-2", *tracker_argv(tracker_config))
+    t2.wait_for("caught up", 30)
+    attempts: Counter[str] = Counter()
+    with q.consumer() as consumer:
+        for msg in receive_all(consumer, 3, 20):
+            attempts[msg.id] = msg.attempt
+            msg.ack()
+        # A second redelivery would arrive within a timeout of the restart.
+        extra = consumer.receive(timeout_s=3 * tracker_config.default_redelivery_timeout_s)
+        if extra is not None:
+            ms = read_markers(broker.bootstrap_servers, topics.markers)
+            print("T1", "\n".join(t1.lines))
+            print("T2", "\n".join(t2.lines))
+            print("WORKER", "\n".join(worker.lines))
+            for m in ms:
+                print(m.type.name, m.partition, m.offset, m.message_id[:6], m.attempt)
+            print("GOT", [(m.id[:6], m.partition, m.offset, m.attempt) for m in got], extra)
+        assert extra is None
+    assert set(attempts) == sent - acked
+    assert set(attempts.values()) == {2}
+    t2.kill(signal.SIGTERM)
+    assert t2.proc.returncode == 0
+    assert not [line for line in t2.lines if ": redelivered " in line]
+    redelivered = [m for m in read_markers(broker.bootstrap_servers, topics.markers)
+                   if m.type is MarkerType.REDELIVERED]  # fmt: skip
+    assert sorted(m.message_id for m in redelivered) == sorted(sent - acked)
+
+
+def test_surviving_tracker_takes_over_a_killed_replicas_partitions(
+    broker: Broker,
+    topics: Topics,
+    service: kmq.Service,
+    tracker_config: TrackerConfig,
+    children: Children,
+) -> None:
+    replicas = [children.python(f"tracker-{i}", *tracker_argv(tracker_config)) for i in (1, 2)]
+    for replica in replicas:
+        replica.wait_for(r"assigned partitions \[\d", 30)
+    q = service.queue("jobs")
+    producer = q.producer()
+    sent = {producer.send(b"%d" % i) for i in range(8)}
+    worker = children.python(
+        "worker", *worker_argv(broker, topics, "jobs", "w1", max_in_flight=8, hang_after=0)
+    )
+    worker.wait_for(r'"event": "holding"', 30, count=8)
+    os.kill(replicas[0].pid, signal.SIGKILL)
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.proc.wait()
+    with q.consumer() as consumer:
+        got = receive_all(consumer, 8, 30)
+        assert {m.id for m in got} == sent
+        assert {m.attempt for m in got} == {2}
+        for msg in got:
+            msg.ack()
+    replicas[1].wait_for(r"assigned partitions \[0, 1\]", 5)
+
+
+def test_close_releases_held_and_buffered_messages_at_once(
+    make_service: Callable[..., kmq.Service], tracker: Tracker
+) -> None:
+    service = make_service(redelivery_timeout_s=60.0)  # only a release can be this quick
+    q = service.queue("jobs")
+    producer = q.producer()
+    sent = {producer.send(b"%d" % i) for i in range(3)}
+    first = q.consumer(max_in_flight=5)
+    held = first.receive(timeout_s=15)
+    assert held is not None
+    wait_until(lambda: first.in_flight == 3, 15, "all three messages to be buffered")
+    closed_at = time.monotonic()
+    first.close()
+    with pytest.raises(kmq.MessageStateError):
+        held.ack()
+    with q.consumer() as second:
+        got = receive_all(second, 3, 15)
+        assert time.monotonic() - closed_at < 15
+        assert {m.id for m in got} == sent
+        attempts = {m.id: m.attempt for m in got}
+        assert attempts[held.id] == 2  # it was handed out, so that try counts
+        assert sorted(attempts.values()) == [1, 1, 2]  # buffered ones were never seen
+        for msg in got:
+            msg.ack()
+
+
+def test_backpressure_caps_unsettled_messages(service: kmq.Service, tracker: Tracker) -> None:
+    q = service.queue("bp")
+    producer = q.producer()
+    for i in range(5):
+        producer.send(b"%d" % i, wait=False)
+    producer.flush()
+    with q.consumer(max_in_flight=2) as consumer:
+        a, b = consumer.receive(timeout_s=15), consumer.receive(timeout_s=15)
+        assert a is not None and b is not None
+        assert consumer.receive(timeout_s=1.5) is None
+        assert consumer.in_flight == 2
+        a.ack()
+        c = consumer.receive(timeout_s=15)
+        assert c is not None
+        assert consumer.in_flight == 2
+        for msg in (b, c, *receive_all(consumer, 2, 15)):
+            msg.ack()
+        assert consumer.in_flight == 0
+
+
+def test_settling_twice_raises(service: kmq.Service, tracker: Tracker) -> None:
+    q = service.queue("twice")
+    q.producer().send(b"x")
+    q.producer().send(b"y")
+    with q.consumer() as consumer:
+        first, second = receive_all(consumer, 2, 15)
+        first.ack()
+        with pytest.raises(kmq.MessageStateError):
+            first.ack()
+        with pytest.raises(kmq.MessageStateError):
+            first.nack()
+        second.nack(delay_s=60)
+        with pytest.raises(kmq.MessageStateError):
+            second.ack()
+
+
+def test_tracker_survives_garbage_on_the_markers_topic(
+    broker: Broker, topics: Topics, service: kmq.Service, tracker: Tracker
+) -> None:
+    kp = KafkaProducer(bootstrap_servers=broker.bootstrap_servers)
+    junk = [
+        b"\xff\xfe not protobuf",
+        b"",
+        encode(Marker(MarkerType.END, "q", 0, 1, "no-such-id", 1)),
+        encode(Marker(MarkerType.KEEPALIVE, "q", 0, 2, "no-such-id", 1, 1000)),
+        encode(Marker(MarkerType.START, "q", 0, 3, "absurd", 1, redeliver_after_ms=-5)),
+        encode(Marker(MarkerType.START, "q", 0, 3, "absurd", 1, redeliver_after_ms=-5)),
+        encode(Marker(MarkerType.START, "q", 0, 1, "x", 1, redeliver_after_ms=10**15)),
+        encode(Marker(MarkerType.START, "q", 0, 2, "x", 1, version=9)),
+    ]
+    for partition in (0, 1):
+        for value in junk:
+            kp.send(topics.markers, value=value, partition=partition)
+        kp.send(topics.markers, key=b"tombstone", value=None, partition=partition)
+    kp.flush()
+    kp.close()
+    wait_until(lambda: tracker.stats()["bad_marker"] >= 8, 15, "the tracker to skip the junk")
+    stats = tracker.stats()
+    assert stats["unknown_delivery"] >= 4
+    assert stats["duplicate_start"] >= 2
+    assert stats["bad_lease"] >= 4
+    # Still working: an interrupted message comes back.
+    q = service.queue("after-junk")
+    sent = q.producer().send(b"ok")
+    with q.consumer() as consumer:
+        msg = consumer.receive(timeout_s=15)
+        assert msg is not None
+        msg.nack()
+        again = consumer.receive(timeout_s=10)
+        assert again is not None and (again.id, again.attempt) == (sent, 2)
+        again.ack()
+
+
+def test_oversize_payload_is_rejected_before_anything_is_written(
+    broker: Broker, topics: Topics, make_service: Callable[..., kmq.Service], tracker: Tracker
+) -> None:
+    service = make_service(max_message_bytes=64 * 1024)
+    q = service.queue("big")
+    with pytest.raises(kmq.MessageTooLargeError):
+        q.producer().send(b"x" * (64 * 1024))
+    fits = b"y" * (60 * 1024)
+    sent = q.producer().send(fits)
+    reader = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers)
+    tps = [TopicPartition(topics.queue, p) for p in (0, 1)]
+    reader.assign(tps)
+    reader.seek_to_beginning(*tps)
+    values: list[bytes] = []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not values:
+        for batch in reader.poll(timeout_ms=200).values():
+            values.extend(r.value for r in batch)
+    reader.close()
+    assert values == [fits]  # the rejected payload never reached the queue topic
+    with q.consumer() as consumer:
+        msg = consumer.receive(timeout_s=15)
+        assert msg is not None and msg.id == sent and msg.payload == fits
+        msg.ack()
