@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -138,10 +139,8 @@ def read_markers(bootstrap_servers: str, topic: str, timeout_s: float = 10.0) ->
         while len(done) < len(tps) and time.monotonic() < deadline:
             for batch in consumer.poll(timeout_ms=200).values():
                 for record in batch:
-                    try:
+                    with contextlib.suppress(MarkerDecodeError):
                         markers.append(decode(record.value))
-                    except MarkerDecodeError:
-                        pass
             for tp in tps:
                 highwater = consumer.highwater(tp)
                 if highwater is not None and consumer.position(tp) >= highwater:

@@ -96,16 +96,7 @@ def test_tracker_restart_loses_nothing_and_redelivers_once(
             attempts[msg.id] = msg.attempt
             msg.ack()
         # A second redelivery would arrive within a timeout of the restart.
-        extra = consumer.receive(timeout_s=3 * tracker_config.default_redelivery_timeout_s)
-        if extra is not None:
-            ms = read_markers(broker.bootstrap_servers, topics.markers)
-            print("T1", "\n".join(t1.lines))
-            print("T2", "\n".join(t2.lines))
-            print("WORKER", "\n".join(worker.lines))
-            for m in ms:
-                print(m.type.name, m.partition, m.offset, m.message_id[:6], m.attempt)
-            print("GOT", [(m.id[:6], m.partition, m.offset, m.attempt) for m in got], extra)
-        assert extra is None
+        assert consumer.receive(timeout_s=3 * tracker_config.default_redelivery_timeout_s) is None
     assert set(attempts) == sent - acked
     assert set(attempts.values()) == {2}
     t2.kill(signal.SIGTERM)
