@@ -15,6 +15,7 @@ from kmq.errors import (
     MessageTooLargeError,
 )
 from kmq.message import Message
+from kmq.policy import RetryPolicy
 from kmq.producer import Producer
 from kmq.service import Queue, Service
 
@@ -36,6 +37,7 @@ __all__ = [
     "MessageTooLargeError",
     "Producer",
     "Queue",
+    "RetryPolicy",
     "Service",
     "ServiceConfig",
 ]

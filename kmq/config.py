@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from kmq.errors import ConfigError
+
+AT_LEAST_ONCE = "at_least_once"
+AT_MOST_ONCE = "at_most_once"
 
 MAX_REDELIVERY_TIMEOUT_S = 12 * 3600.0
 """The longest lease kmq accepts, like SQS's maximum visibility timeout."""
@@ -103,8 +108,19 @@ class ConsumerConfig:
     """A KEEPALIVE goes out every ``redelivery_timeout_s * keepalive_fraction`` seconds."""
     group_id: str | None = None
     """Defaults to ``kmq.<queue_topic>.<queue>``: one consumer group per logical queue."""
+    mode: str = AT_LEAST_ONCE
+    """``"at_least_once"`` (markers, redelivery) or ``"at_most_once"`` (offset committed
+    before the message is handed out; no markers; never redelivered)."""
+    rng: Callable[[], float] = field(default=random.random, repr=False, compare=False)
+    """Random source in [0, 1) for backoff jitter; inject one to make tests deterministic."""
 
     def __post_init__(self) -> None:
+        if self.mode not in (AT_LEAST_ONCE, AT_MOST_ONCE):
+            raise ConfigError(
+                f"mode must be {AT_LEAST_ONCE!r} or {AT_MOST_ONCE!r}, got {self.mode!r}"
+            )
+        if not callable(self.rng):
+            raise ConfigError("rng must be a callable returning a float in [0, 1)")
         check_positive_int(self.max_in_flight, "max_in_flight")
         check_positive_int(self.poll_timeout_ms, "poll_timeout_ms")
         f = self.keepalive_fraction

@@ -15,11 +15,11 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
-from kmq.config import ConsumerConfig
+from kmq.config import AT_MOST_ONCE, ConsumerConfig
 from kmq.errors import BrokerError, ConsumerClosedError, InvalidArgumentError, MessageStateError
 from kmq.markers import Marker, MarkerType, encode
 from kmq.message import Message, State
-from kmq.records import parse_queue_headers
+from kmq.records import dead_letter_headers, parse_queue_headers
 
 if TYPE_CHECKING:
     from kmq.service import Queue
@@ -50,6 +50,9 @@ class Consumer:
         self._lease_ms = cfg.redelivery_timeout_ms
         self._keepalive_s = cfg.redelivery_timeout_s * config.keepalive_fraction
         self._request_timeout_s = cfg.request_timeout_ms / 1000
+        self._policy = queue.policy
+        self._dead_letter_queue = queue.dead_letter_queue
+        self._at_most_once = config.mode == AT_MOST_ONCE
         self._cond = threading.Condition()
         self._ready: deque[Message] = deque()
         self._held: dict[tuple[int, int], Message] = {}
@@ -166,17 +169,31 @@ class Consumer:
         self.close()
 
     def _settle(
-        self, message: Message, state: State, delay_ms: int, reason: str, wait: bool
+        self, message: Message, state: State, delay_ms: int | None, reason: str, wait: bool
     ) -> None:
+        verb = state.value[:-2]
         with self._cond:
             if message._state is not State.HELD:
-                raise MessageStateError(f"cannot {state.value[:-2]} {message!r}: already settled")
+                raise MessageStateError(f"cannot {verb} {message!r}: already settled")
+            if self._at_most_once:
+                if state is not State.ACKED:
+                    raise MessageStateError(
+                        f"cannot {verb} {message!r}: at-most-once messages are never redelivered"
+                    )
+                message._state = state
+                return
             self._held.pop((message.partition, message.offset), None)
             message._state = state
             if state is State.ACKED:
                 future = self._send(MarkerType.END, message, 0, "")
-            else:
+            elif state is State.NACKED:
+                if delay_ms is None:
+                    delay_ms = round(
+                        1000 * self._policy.backoff_s(message.attempt, self.config.rng)
+                    )
                 future = self._send(MarkerType.NACK, message, delay_ms, reason)
+        if state is State.REJECTED:
+            future = self._dead_letter(message, reason)
         if wait:
             try:
                 future.get(timeout=self._request_timeout_s)
@@ -215,7 +232,8 @@ class Consumer:
 
     def _room(self) -> int:
         with self._cond:
-            return self.config.max_in_flight - len(self._held)
+            unsettled = len(self._ready) if self._at_most_once else len(self._held)
+            return self.config.max_in_flight - unsettled
 
     def _apply_backpressure(self, room: int) -> None:
         assigned = self._kc.assignment()
@@ -244,7 +262,8 @@ class Consumer:
                     continue  # another logical queue's message
                 message = self._message(record)
                 messages.append(message)
-                futures.append(self._send_start(message, record.key))
+                if not self._at_most_once:
+                    futures.append(self._send_start(message, record.key))
         try:
             for future in futures:
                 future.get(timeout=self._request_timeout_s)
@@ -258,6 +277,9 @@ class Consumer:
         try:
             self._kc.commit(commits)
         except KafkaError as exc:
+            if self._at_most_once:
+                # Not committed, so not ours to hand out: the partition's next owner reads it.
+                raise _StartFailed(f"offset commit failed: {exc!r}") from exc
             log.warning(
                 "queue %r: offset commit failed (%r); these %d messages may also be delivered "
                 "to the partition's next owner",
@@ -271,7 +293,8 @@ class Consumer:
         with self._cond:
             for message in messages:
                 message.next_keepalive = next_keepalive
-                self._held[(message.partition, message.offset)] = message
+                if not self._at_most_once:
+                    self._held[(message.partition, message.offset)] = message
                 self._ready.append(message)
             self._cond.notify_all()
 
@@ -289,6 +312,27 @@ class Consumer:
             timestamp_ms=record.timestamp,
         )
 
+    def _dead_letter(self, message: Message, reason: str) -> Any:
+        """Write ``message`` to the dead-letter queue, then its DEAD_LETTERED marker."""
+        copy = self._producer.send(
+            self._svc_config.queue_topic,
+            key=self._dead_letter_queue.encode(),
+            value=message.payload,
+            headers=dead_letter_headers(
+                message.id, self.queue, message.attempt, reason, tuple(message.headers.items())
+            ),
+            partition=message.partition,
+        )
+        try:
+            copy.get(timeout=self._request_timeout_s)
+        except KafkaError as exc:
+            raise BrokerError(
+                f"dead letter for {message.id} not written ({exc!r}); the message will be "
+                "redelivered when its lease runs out"
+            ) from exc
+        with self._cond:
+            return self._send(MarkerType.DEAD_LETTERED, message, 0, reason)
+
     def _send_start(self, message: Message, key: bytes) -> Any:
         marker = Marker(
             type=MarkerType.START,
@@ -301,6 +345,8 @@ class Consumer:
             key=key,
             value=message.payload,
             headers=tuple(message.headers.items()),
+            max_attempts=self._policy.max_attempts,
+            dead_letter_queue=self._dead_letter_queue,
         )
         return self._producer.send(
             self._svc_config.marker_topic, key=message.id.encode(), value=encode(marker)

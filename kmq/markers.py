@@ -22,6 +22,7 @@ class MarkerType(enum.IntEnum):
     NACK = marker_pb2.NACK
     REDELIVERED = marker_pb2.REDELIVERED
     RELEASE = marker_pb2.RELEASE
+    DEAD_LETTERED = marker_pb2.DEAD_LETTERED
 
 
 _KNOWN_TYPES = frozenset(int(t) for t in MarkerType)
@@ -42,6 +43,8 @@ class Marker:
     value: bytes = b""
     headers: tuple[tuple[str, bytes], ...] = field(default=())
     reason: str = ""
+    max_attempts: int = 0
+    dead_letter_queue: str = ""
     version: int = PROTOCOL_VERSION
 
     @property
@@ -64,6 +67,8 @@ def encode(marker: Marker) -> bytes:
         key=marker.key,
         value=marker.value,
         reason=marker.reason,
+        max_attempts=marker.max_attempts,
+        dead_letter_queue=marker.dead_letter_queue,
     )
     for name, value in marker.headers:
         pb.headers.add(key=name, value=value)
@@ -103,5 +108,7 @@ def decode(data: bytes | None) -> Marker:
         value=pb.value,
         headers=tuple((h.key, h.value) for h in pb.headers),
         reason=pb.reason,
+        max_attempts=pb.max_attempts,
+        dead_letter_queue=pb.dead_letter_queue,
         version=pb.version,
     )

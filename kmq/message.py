@@ -16,17 +16,19 @@ class State(enum.Enum):
     HELD = "held"  # handed to the application
     ACKED = "acked"
     NACKED = "nacked"
+    REJECTED = "rejected"
     RELEASED = "released"
 
 
 class _Settler(Protocol):
     def _settle(
-        self, message: Message, state: State, delay_ms: int, reason: str, wait: bool
+        self, message: Message, state: State, delay_ms: int | None, reason: str, wait: bool
     ) -> None: ...
 
 
 class Message:
-    """One delivery of a queued message. Settle it exactly once: :meth:`ack` or :meth:`nack`."""
+    """One delivery of a queued message. Settle it exactly once: :meth:`ack`, :meth:`nack`
+    or :meth:`reject`."""
 
     __slots__ = (
         "_consumer",
@@ -79,20 +81,32 @@ class Message:
         """
         self._consumer._settle(self, State.ACKED, 0, "", wait)
 
-    def nack(self, delay_s: float = 0.0, reason: str = "", *, wait: bool = True) -> None:
+    def nack(self, delay_s: float | None = None, reason: str = "", *, wait: bool = True) -> None:
         """Give it back: it is redelivered after ``delay_s`` seconds with ``attempt + 1``.
 
+        Without ``delay_s`` the queue's :class:`kmq.RetryPolicy` picks a jittered exponential
+        backoff. Past the policy's ``max_attempts`` it goes to the dead-letter queue instead.
         ``wait`` as for :meth:`ack`.
         """
-        if isinstance(delay_s, bool) or not isinstance(delay_s, (int, float)):
-            raise InvalidArgumentError(f"delay_s must be a number, got {delay_s!r}")
-        if not 0 <= delay_s <= MAX_REDELIVERY_TIMEOUT_S:  # also rejects NaN and infinities
-            raise InvalidArgumentError(
-                f"delay_s must be within [0, {MAX_REDELIVERY_TIMEOUT_S:g}], got {delay_s!r}"
-            )
+        delay_ms: int | None = None
+        if delay_s is not None:
+            if isinstance(delay_s, bool) or not isinstance(delay_s, (int, float)):
+                raise InvalidArgumentError(f"delay_s must be a number, got {delay_s!r}")
+            if not 0 <= delay_s <= MAX_REDELIVERY_TIMEOUT_S:  # also rejects NaN and infinities
+                raise InvalidArgumentError(
+                    f"delay_s must be within [0, {MAX_REDELIVERY_TIMEOUT_S:g}], got {delay_s!r}"
+                )
+            delay_ms = round(delay_s * 1000)
         if not isinstance(reason, str):
             raise InvalidArgumentError("reason must be a str")
-        self._consumer._settle(self, State.NACKED, round(delay_s * 1000), reason, wait)
+        self._consumer._settle(self, State.NACKED, delay_ms, reason, wait)
+
+    def reject(self, reason: str = "rejected", *, wait: bool = True) -> None:
+        """Move it to the queue's dead-letter queue now, keeping payload, headers, id, attempt
+        count, origin queue and ``reason``."""
+        if not isinstance(reason, str):
+            raise InvalidArgumentError("reason must be a str")
+        self._consumer._settle(self, State.REJECTED, 0, reason, wait)
 
     def __repr__(self) -> str:
         return (

@@ -45,13 +45,24 @@ class Producer:
         user_headers = check_headers(headers)
         message_id = new_message_id()
         self._check_size(message_id, body, user_headers)
+        self._write(message_id, body, user_headers, wait=wait)
+        return message_id
+
+    def _write(
+        self,
+        message_id: str,
+        body: bytes,
+        headers: tuple[tuple[str, bytes], ...],
+        *,
+        wait: bool,
+    ) -> None:
         kp = self._service.kafka_producer()
         partitions = self._service.queue_partition_count()
         future = kp.send(
             self._service.config.queue_topic,
             key=self._key,
             value=body,
-            headers=queue_headers(message_id, 1, user_headers),
+            headers=queue_headers(message_id, 1, headers),
             partition=next(self._rr) % partitions,
         )
         if wait:
@@ -59,7 +70,6 @@ class Producer:
                 future.get(timeout=self._service.config.request_timeout_ms / 1000)
             except KafkaError as exc:
                 raise BrokerError(f"send to queue {self._queue.id!r} failed: {exc}") from exc
-        return message_id
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Block until every message sent with ``wait=False`` has reached the broker."""

@@ -9,6 +9,10 @@ from kmq.markers import MAX_ATTEMPT, Marker, MarkerType, encode
 
 ID_HEADER = "kmq.id"
 ATTEMPT_HEADER = "kmq.attempt"
+DLQ_ORIGIN_HEADER = "kmq.dlq.origin"
+DLQ_ATTEMPTS_HEADER = "kmq.dlq.attempts"
+DLQ_REASON_HEADER = "kmq.dlq.reason"
+DLQ_HEADERS = (DLQ_ORIGIN_HEADER, DLQ_ATTEMPTS_HEADER, DLQ_REASON_HEADER)
 
 RECORD_OVERHEAD_BYTES = 256
 """Generous allowance for Kafka's record-batch header, record varints and the marker key."""
@@ -26,6 +30,24 @@ def queue_headers(
     message_id: str, attempt: int, user_headers: Sequence[tuple[str, bytes]]
 ) -> list[tuple[str, bytes]]:
     return [(ID_HEADER, message_id.encode()), (ATTEMPT_HEADER, b"%d" % attempt), *user_headers]
+
+
+def dead_letter_headers(
+    message_id: str,
+    origin_queue: str,
+    attempts: int,
+    reason: str,
+    user_headers: Sequence[tuple[str, bytes]],
+) -> list[tuple[str, bytes]]:
+    """Headers of a dead letter: it starts at attempt 1 in its dead-letter queue and keeps
+    where it came from, how many attempts it had there and the last reason given."""
+    kept = [(k, v) for k, v in user_headers if k not in DLQ_HEADERS]
+    return [
+        *queue_headers(message_id, 1, kept),
+        (DLQ_ORIGIN_HEADER, origin_queue.encode()),
+        (DLQ_ATTEMPTS_HEADER, b"%d" % attempts),
+        (DLQ_REASON_HEADER, reason.encode()),
+    ]
 
 
 def parse_queue_headers(

@@ -11,7 +11,8 @@ from kafka.errors import KafkaError
 
 from kmq.config import ConsumerConfig, ServiceConfig
 from kmq.consumer import Consumer
-from kmq.errors import BrokerError, KmqError
+from kmq.errors import BrokerError, ConfigError, KmqError
+from kmq.policy import RetryPolicy
 from kmq.producer import Producer
 from kmq.topics import ensure_topics
 from kmq.validation import check_queue_id
@@ -21,9 +22,15 @@ class Queue:
     """A logical queue multiplexed onto the service's queue topic. Get it from
     :meth:`Service.queue`; creating one is free."""
 
-    def __init__(self, service: Service, queue_id: str) -> None:
+    def __init__(self, service: Service, queue_id: str, policy: RetryPolicy) -> None:
         self.service = service
         self.id = queue_id
+        self.policy = policy
+
+    @property
+    def dead_letter_queue(self) -> str:
+        """Where this queue's dead letters go (``<id>.dlq`` unless the policy says otherwise)."""
+        return self.policy.dead_letter_queue_for(self.id)
 
     def producer(self) -> Producer:
         """A producer for this queue."""
@@ -54,13 +61,21 @@ class Service:
         self._queue_partitions: int | None = None
         self._closed = False
 
-    def queue(self, queue_id: str) -> Queue:
-        """The logical queue ``queue_id``; the same object for the same id."""
+    def queue(self, queue_id: str, policy: RetryPolicy | None = None) -> Queue:
+        """The logical queue ``queue_id``; the same object for the same id.
+
+        ``policy`` sets the queue's :class:`kmq.RetryPolicy` (default ``RetryPolicy()``);
+        passing one for a queue that already has a different policy replaces it.
+        """
         check_queue_id(queue_id)
+        if policy is not None and not isinstance(policy, RetryPolicy):
+            raise ConfigError(f"policy must be a kmq.RetryPolicy, got {policy!r}")
         with self._lock:
             queue = self._queues.get(queue_id)
             if queue is None:
-                queue = self._queues[queue_id] = Queue(self, queue_id)
+                queue = self._queues[queue_id] = Queue(self, queue_id, policy or RetryPolicy())
+            elif policy is not None:
+                queue.policy = policy
             return queue
 
     def ensure_topics(self) -> None:

@@ -8,6 +8,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable
+from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
@@ -15,7 +16,7 @@ from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
 from kmq.markers import Marker, MarkerType, encode
-from kmq.records import queue_headers
+from kmq.records import dead_letter_headers, queue_headers
 from tracker.config import TrackerConfig
 from tracker.state import PartitionState, Redeliver
 
@@ -133,19 +134,7 @@ class Tracker:
         if not actions:
             return
         timeout_s = self.config.request_timeout_ms / 1000
-        copies = [
-            (
-                action,
-                self._producer.send(
-                    self.config.queue_topic,
-                    key=action.key,
-                    value=action.value,
-                    headers=queue_headers(action.message_id, action.attempt, action.headers),
-                    partition=action.delivery[0],
-                ),
-            )
-            for action in actions
-        ]
+        copies = [(action, self._send_copy(action)) for action in actions]
         records = []
         for action, future in copies:
             try:
@@ -154,43 +143,63 @@ class Tracker:
                 log.warning("redelivery of %s failed (%r); retrying", action.message_id, exc)
                 self._state_failed(action)
                 continue
-            records.append(
-                (
-                    action,
-                    self._producer.send(
-                        self.config.marker_topic,
-                        key=action.message_id.encode(),
-                        value=encode(
-                            Marker(
-                                type=MarkerType.REDELIVERED,
-                                queue=action.queue,
-                                partition=action.delivery[0],
-                                offset=action.delivery[1],
-                                message_id=action.message_id,
-                                attempt=action.attempt,
-                                reason=action.reason,
-                            )
-                        ),
-                    ),
-                )
+            kind = MarkerType.DEAD_LETTERED if action.dead_letter_queue else MarkerType.REDELIVERED
+            marker = Marker(
+                type=kind,
+                queue=action.queue,
+                partition=action.delivery[0],
+                offset=action.delivery[1],
+                message_id=action.message_id,
+                attempt=action.attempt,
+                reason=action.reason,
+                dead_letter_queue=action.dead_letter_queue or "",
             )
-        for action, future in records:
+            future = self._producer.send(
+                self.config.marker_topic, key=action.message_id.encode(), value=encode(marker)
+            )
+            records.append((action, kind, future))
+        for action, kind, future in records:
             try:
                 future.get(timeout=timeout_s)
             except KafkaError as exc:
                 # The copy is out, so nothing is lost; without the marker a restarted tracker
                 # may redeliver it once more.
-                log.error("REDELIVERED marker for %s not written (%r)", action.message_id, exc)
-            log.info(
-                "redelivered %s (queue %r, attempt %d, %s)",
-                action.message_id,
-                action.queue,
-                action.attempt,
-                action.reason,
-            )
+                log.error("%s marker for %s not written (%r)", kind.name, action.message_id, exc)
+            if action.dead_letter_queue:
+                log.info(
+                    "dead-lettered %s (queue %r -> %r after %d attempts, %s)",
+                    action.message_id, action.queue, action.dead_letter_queue,
+                    action.attempt, action.reason,
+                )  # fmt: skip
+            else:
+                log.info(
+                    "redelivered %s (queue %r, attempt %d, %s)",
+                    action.message_id, action.queue, action.attempt, action.reason,
+                )  # fmt: skip
             owner = self._states.get(action.marker_partition)
             if owner is not None:
-                owner.redelivered(action.delivery)
+                owner.redelivered(action.delivery, dead_lettered=bool(action.dead_letter_queue))
+
+    def _send_copy(self, action: Redeliver) -> Any:
+        """Write the message again: to its own queue, or to its dead-letter queue."""
+        if action.dead_letter_queue is None:
+            return self._producer.send(
+                self.config.queue_topic,
+                key=action.key,
+                value=action.value,
+                headers=queue_headers(action.message_id, action.attempt, action.headers),
+                partition=action.delivery[0],
+            )
+        headers = dead_letter_headers(
+            action.message_id, action.queue, action.attempt, action.reason, action.headers
+        )
+        return self._producer.send(
+            self.config.queue_topic,
+            key=action.dead_letter_queue.encode(),
+            value=action.value,
+            headers=headers,
+            partition=action.delivery[0],
+        )
 
     def _state_failed(self, action: Redeliver) -> None:
         state = self._states.get(action.marker_partition)

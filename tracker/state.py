@@ -16,6 +16,7 @@ from sortedcontainers import SortedList
 from kmq.config import MAX_REDELIVERY_TIMEOUT_S
 from kmq.errors import MarkerDecodeError
 from kmq.markers import MAX_ATTEMPT, Marker, MarkerType, decode
+from kmq.policy import DEAD_LETTER_SUFFIX
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,8 @@ class Redeliver:
     value: bytes
     headers: tuple[tuple[str, bytes], ...]
     reason: str
+    dead_letter_queue: str | None = None
+    """Set when the message is out of attempts: move it to this queue instead."""
 
 
 @dataclass(slots=True, eq=False)
@@ -108,7 +111,7 @@ class PartitionState:
             # REDELIVERED marker, or when a lease already expired; anything else is a client bug.
             self.stats["unknown_delivery"] += 1
             return
-        if marker.type in (MarkerType.END, MarkerType.REDELIVERED):
+        if marker.type in (MarkerType.END, MarkerType.REDELIVERED, MarkerType.DEAD_LETTERED):
             self._drop(marker.delivery, entry)
         elif entry.redelivering:
             self.stats["late_marker"] += 1
@@ -121,12 +124,12 @@ class PartitionState:
             entry.attempt_step, entry.reason = 0, marker.reason or "released"
             self._reschedule(marker.delivery, entry, now)
 
-    def redelivered(self, delivery: Delivery) -> None:
-        """The new copy and its REDELIVERED marker are on the broker: forget the delivery."""
+    def redelivered(self, delivery: Delivery, *, dead_lettered: bool = False) -> None:
+        """The new copy (or dead letter) and its marker are on the broker: forget the delivery."""
         entry = self._inflight.get(delivery)
         if entry is not None:
             self._drop(delivery, entry)
-            self.stats["redeliveries"] += 1
+            self.stats["dead_letters" if dead_lettered else "redeliveries"] += 1
 
     def redelivery_failed(self, delivery: Delivery, now: float, retry_after_s: float) -> None:
         """The redelivery did not go through: try again after ``retry_after_s``."""
@@ -151,17 +154,21 @@ class PartitionState:
             entry = self._inflight[delivery]
             entry.redelivering = True
             start = entry.start
+            attempt = start.attempt + entry.attempt_step
+            out_of_attempts = 0 < start.max_attempts < attempt
+            dead_letter_queue = start.dead_letter_queue or start.queue + DEAD_LETTER_SUFFIX
             actions.append(
                 Redeliver(
                     marker_partition=self.partition,
                     delivery=delivery,
                     queue=start.queue,
                     message_id=start.message_id,
-                    attempt=min(start.attempt + entry.attempt_step, MAX_ATTEMPT),
+                    attempt=start.attempt if out_of_attempts else min(attempt, MAX_ATTEMPT),
                     key=start.key,
                     value=start.value,
                     headers=start.headers,
                     reason=entry.reason,
+                    dead_letter_queue=dead_letter_queue if out_of_attempts else None,
                 )
             )
         return actions

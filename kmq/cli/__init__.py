@@ -6,6 +6,7 @@ import click
 
 from kmq.cli.demo import demo
 from kmq.cli.dev import dev
+from kmq.cli.dlq import dlq
 from kmq.cli.topics import topics
 
 
@@ -17,3 +18,4 @@ def main() -> None:
 main.add_command(dev)
 main.add_command(topics)
 main.add_command(demo)
+main.add_command(dlq)

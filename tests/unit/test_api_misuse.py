@@ -1,0 +1,356 @@
+"""Misuse of the public API fails fast, with kmq errors, and without touching the network."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kmq
+import kmq.errors
+from kmq.config import MAX_REDELIVERY_TIMEOUT_S
+from kmq.message import State
+from kmq.records import new_message_id, start_marker_record_size
+from kmq.validation import MAX_QUEUE_ID_BYTES
+
+UNREACHABLE = "127.0.0.1:1"
+REPO = Path(__file__).resolve().parents[2]
+
+
+class NetworkTouched(AssertionError):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Anything that would reach a broker raises NetworkTouched instead."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise NetworkTouched("network I/O attempted")
+
+    monkeypatch.setattr(kmq.Service, "kafka_producer", refuse)
+    monkeypatch.setattr(kmq.Service, "ensure_topics", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+
+
+def service(**settings: Any) -> kmq.Service:
+    return kmq.Service(bootstrap_servers=UNREACHABLE, **settings)
+
+
+def producer(**settings: Any) -> kmq.Producer:
+    return service(**settings).queue("q").producer()
+
+
+# -- Service and queues -----------------------------------------------------------------------
+
+
+def test_service_constructs_without_connecting() -> None:
+    svc = service()
+    assert svc.config.bootstrap_servers == UNREACHABLE
+    assert isinstance(svc.queue("x").producer(), kmq.Producer)
+
+
+def test_service_accepts_a_config_object() -> None:
+    cfg = kmq.ServiceConfig(bootstrap_servers=UNREACHABLE)
+    assert kmq.Service(cfg).config is cfg
+
+
+def test_service_rejects_config_plus_settings() -> None:
+    cfg = kmq.ServiceConfig(bootstrap_servers=UNREACHABLE)
+    with pytest.raises(kmq.KmqError):
+        kmq.Service(cfg, queue_partitions=2)
+
+
+def test_service_rejects_bad_settings() -> None:
+    with pytest.raises(kmq.ConfigError, match="queue_partitions"):
+        service(queue_partitions=0)
+
+
+def test_send_really_is_guarded() -> None:
+    """The guard works: a valid send gets as far as the network and stops there."""
+    with pytest.raises(NetworkTouched):
+        producer().send(b"ok", {"h": b"v"})
+
+
+def test_queue_is_cached_per_id() -> None:
+    svc = service()
+    q = svc.queue("x")
+    assert svc.queue("x") is q
+    assert svc.queue("y") is not q
+    assert q.id == "x" and q.service is svc
+
+
+@pytest.mark.parametrize(
+    "queue_id",
+    ["x", "a" * MAX_QUEUE_ID_BYTES, "€" * (MAX_QUEUE_ID_BYTES // 3), "orders.v1/π", "ü-_:#"],
+)
+def test_valid_queue_ids(queue_id: str) -> None:
+    assert service().queue(queue_id).id == queue_id
+
+
+@pytest.mark.parametrize(
+    "queue_id",
+    [
+        "",
+        "a" * (MAX_QUEUE_ID_BYTES + 1),
+        "€" * (MAX_QUEUE_ID_BYTES // 3 + 1),  # few characters, too many UTF-8 bytes
+        " ",
+        "a b",
+        "a\tb",
+        "trailing\n",
+        "\u00a0nbsp",
+        "nul\x00",
+        "bell\x07",
+        "\ud800",  # lone surrogate: not encodable
+        None,
+        5,
+        b"bytes",
+        ["list"],
+    ],
+)
+def test_invalid_queue_ids(queue_id: Any) -> None:
+    with pytest.raises(kmq.InvalidQueueError):
+        service().queue(queue_id)
+
+
+# -- producer.send input checks ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("payload", ["text", 5, None, 1.5, ["b"], {"a": b"b"}])
+def test_send_rejects_non_bytes_payload(payload: Any) -> None:
+    with pytest.raises(kmq.InvalidMessageError, match="payload"):
+        producer().send(payload)
+
+
+@pytest.mark.parametrize("payload", [b"", bytearray(b"ba"), memoryview(b"mv")])
+def test_send_accepts_bytes_like_payload(payload: Any) -> None:
+    with pytest.raises(NetworkTouched):
+        producer().send(payload)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"kmq.id": b"forged"},
+        {"kmq.attempt": b"1"},
+        {"kmq.anything": b""},
+        {"h": "str"},
+        {"h": None},
+        {"h": 5},
+        {"h": memoryview(b"x")},
+        {5: b"x"},
+        {b"h": b"x"},
+        {"": b"x"},
+        {"\udcff": b"x"},  # not encodable as UTF-8
+        [("h", b"x")],
+        "h=x",
+    ],
+)
+def test_send_rejects_bad_headers(headers: Any) -> None:
+    with pytest.raises(kmq.InvalidMessageError):
+        producer().send(b"payload", headers)
+
+
+@pytest.mark.parametrize("headers", [None, {}, {"h": b""}, {"Kmq.x": b"1", "h2": bytearray(b"2")}])
+def test_send_accepts_good_headers(headers: Any) -> None:
+    with pytest.raises(NetworkTouched):
+        producer().send(b"payload", headers)
+
+
+def test_payload_as_large_as_the_limit_is_too_large() -> None:
+    with pytest.raises(kmq.MessageTooLargeError, match="max_message_bytes"):
+        producer(max_message_bytes=1_000_000).send(b"x" * 1_000_000)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"é" * 50_000: b""},  # 100,000 UTF-8 bytes in 50,000 characters
+        {f"h{i}": b"" for i in range(1000)},  # protobuf overhead of many small headers
+    ],
+    ids=["non-ascii-header-name", "many-headers"],
+)
+def test_size_check_cannot_be_fooled_by_headers(headers: dict[str, bytes]) -> None:
+    limit = 1_000_000
+    # The largest payload a size estimate counting header characters, not bytes, lets through
+    # without encoding the marker (4096 bytes of slack, the 1-byte queue key counted twice).
+    headers_len = sum(len(k) + len(v) for k, v in headers.items())
+    payload = b"x" * (limit - 4096 - headers_len - 2)
+    size = start_marker_record_size("q", new_message_id(), payload, tuple(headers.items()))
+    assert size > limit, "the example must really be too large"
+    with pytest.raises(kmq.MessageTooLargeError):
+        producer(max_message_bytes=limit).send(payload, headers)
+
+
+header_sets = st.one_of(
+    st.lists(
+        st.tuples(st.sampled_from("aé€𝄞"), st.integers(1, 3000), st.integers(0, 200)),
+        max_size=4,
+    ).map(lambda hs: {f"{i}{c * n}": b"v" * m for i, (c, n, m) in enumerate(hs)}),
+    st.integers(0, 1500).map(lambda n: {f"h{i}": b"" for i in range(n)}),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    limit=st.integers(1024, 60_000),
+    fill=st.floats(0, 1.2),
+    headers=header_sets,
+)
+def test_send_reaches_network_iff_start_marker_fits(
+    limit: int, fill: float, headers: dict[str, bytes]
+) -> None:
+    payload = b"x" * int(limit * fill)
+    size = start_marker_record_size("q", new_message_id(), payload, tuple(headers.items()))
+    svc = kmq.Service(bootstrap_servers=UNREACHABLE, max_message_bytes=limit)
+
+    def reached(*args: object, **kwargs: object) -> None:
+        raise NetworkTouched
+
+    svc.kafka_producer = reached  # type: ignore[method-assign]
+    expected = kmq.MessageTooLargeError if size > limit else NetworkTouched
+    with pytest.raises(expected):
+        svc.queue("q").producer().send(payload, headers)
+
+
+# -- Message.nack ------------------------------------------------------------------------------
+
+
+class StubSettler:
+    def __init__(self) -> None:
+        self.calls: list[tuple[State, int | None, str]] = []
+
+    def _settle(
+        self, message: kmq.Message, state: State, delay_ms: int | None, reason: str, *rest: object
+    ) -> None:
+        self.calls.append((state, delay_ms, reason))
+
+
+def message(settler: StubSettler) -> kmq.Message:
+    return kmq.Message(
+        settler,
+        payload=b"p",
+        message_id="m",
+        queue="q",
+        attempt=1,
+        headers={},
+        partition=0,
+        offset=0,
+        timestamp_ms=0,
+    )
+
+
+@pytest.mark.parametrize(
+    "delay",
+    [
+        -1,
+        -0.001,
+        math.nan,
+        math.inf,
+        -math.inf,
+        MAX_REDELIVERY_TIMEOUT_S + 0.001,
+        10**400,
+        True,
+        "1",
+        [1],
+    ],
+)
+def test_nack_rejects_bad_delay(delay: Any) -> None:
+    settler = StubSettler()
+    with pytest.raises(kmq.InvalidArgumentError, match="delay_s"):
+        message(settler).nack(delay)
+    assert settler.calls == []
+
+
+def test_nack_without_delay_leaves_it_to_the_retry_policy() -> None:
+    settler = StubSettler()
+    message(settler).nack()
+    assert settler.calls == [(State.NACKED, None, "")]
+
+
+@pytest.mark.parametrize("settle", ["nack", "reject"])
+def test_settling_rejects_non_str_reason(settle: str) -> None:
+    settler = StubSettler()
+    with pytest.raises(kmq.InvalidArgumentError, match="reason"):
+        getattr(message(settler), settle)(reason=b"bytes")
+    assert settler.calls == []
+
+
+@pytest.mark.parametrize("delay", [0, 0.0015, 2, MAX_REDELIVERY_TIMEOUT_S])
+def test_nack_accepts_valid_delay(delay: float) -> None:
+    settler = StubSettler()
+    message(settler).nack(delay, reason="why")
+    assert settler.calls == [(State.NACKED, round(delay * 1000), "why")]
+
+
+def test_message_headers_are_read_only() -> None:
+    msg = message(StubSettler())
+    with pytest.raises(TypeError):
+        msg.headers["x"] = b"y"  # type: ignore[index]
+
+
+# -- the package -------------------------------------------------------------------------------
+
+
+def _exception_classes() -> list[type[BaseException]]:
+    return [
+        cls
+        for _, cls in inspect.getmembers(kmq.errors, inspect.isclass)
+        if issubclass(cls, BaseException) and cls.__module__ == kmq.errors.__name__
+    ]
+
+
+def test_error_classes_found() -> None:
+    assert {c.__name__ for c in _exception_classes()} >= {
+        n for n in kmq.__all__ if n.endswith("Error")
+    }
+
+
+@pytest.mark.parametrize("cls", _exception_classes(), ids=lambda c: c.__name__)
+def test_every_error_derives_from_kmq_error(cls: type[BaseException]) -> None:
+    assert issubclass(cls, kmq.KmqError)
+    assert getattr(kmq, cls.__name__) is cls, "every error is exported"
+
+
+def test_message_too_large_is_an_invalid_message() -> None:
+    assert issubclass(kmq.MessageTooLargeError, kmq.InvalidMessageError)
+
+
+def test_all_lists_only_existing_names() -> None:
+    assert len(set(kmq.__all__)) == len(kmq.__all__)
+    missing = [name for name in kmq.__all__ if not hasattr(kmq, name)]
+    assert missing == []
+    namespace: dict[str, object] = {}
+    exec("from kmq import *", namespace)
+    assert set(kmq.__all__) <= set(namespace)
+
+
+def test_import_does_no_io() -> None:
+    code = textwrap.dedent(
+        """
+        import sys, threading
+        events = []
+        IO = ("socket.", "subprocess.", "os.system", "os.fork", "os.exec", "os.posix_spawn")
+        sys.addaudithook(lambda event, args: event.startswith(IO) and events.append(event))
+        import kmq, tracker.state
+        assert events == [], events
+        assert threading.active_count() == 1, threading.enumerate()
+        print("clean")
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "clean"
