@@ -8,14 +8,16 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
-from kafka.errors import KafkaError
+from kafka.errors import KafkaError, KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata
 
-from kmq.markers import Marker, MarkerType, encode
+from kmq.errors import MarkerDecodeError
+from kmq.markers import Marker, MarkerType, decode, encode
 from kmq.records import dead_letter_headers, queue_headers
 from tracker.config import TrackerConfig
 from tracker.state import PartitionState, Redeliver
@@ -48,6 +50,14 @@ class Tracker:
             fetch_max_wait_ms=100,
         )
         self._kc.subscribe([config.marker_topic], listener=_Listener(self))
+        self._reader = KafkaConsumer(
+            bootstrap_servers=config.bootstrap_servers,
+            client_id=f"{config.client_id}-reader",
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            request_timeout_ms=config.request_timeout_ms,
+            fetch_max_wait_ms=50,
+        )
         self._producer = KafkaProducer(
             bootstrap_servers=config.bootstrap_servers,
             client_id=f"{config.client_id}-producer",
@@ -134,6 +144,7 @@ class Tracker:
         if not actions:
             return
         timeout_s = self.config.request_timeout_ms / 1000
+        actions = self._with_payloads(actions)
         copies = [(action, self._send_copy(action)) for action in actions]
         records = []
         for action, future in copies:
@@ -179,6 +190,49 @@ class Tracker:
             owner = self._states.get(action.marker_partition)
             if owner is not None:
                 owner.redelivered(action.delivery, dead_lettered=bool(action.dead_letter_queue))
+
+    def _with_payloads(self, actions: list[Redeliver]) -> list[Redeliver]:
+        """Fill in key, value and headers from each START marker, re-read from the log: the
+        state does not keep payloads, so its memory does not grow with their size."""
+        loaded = []
+        for action in sorted(actions, key=lambda a: (a.marker_partition, a.start_offset)):
+            try:
+                start = self._read_start(action.marker_partition, action.start_offset)
+            except KafkaError as exc:
+                log.warning("cannot re-read START of %s (%r); retrying", action.message_id, exc)
+                self._state_failed(action)
+                continue
+            if start is None or start.delivery != action.delivery:
+                # Only retention deleting a START still in flight leads here.
+                log.error(
+                    "START of %s at markers %d:%d is gone; it cannot be redelivered",
+                    action.message_id, action.marker_partition, action.start_offset,
+                )  # fmt: skip
+                self._drop_unrecoverable(action)
+                continue
+            loaded.append(replace(action, key=start.key, value=start.value, headers=start.headers))
+        return loaded
+
+    def _read_start(self, partition: int, offset: int) -> Marker | None:
+        tp = TopicPartition(self.config.marker_topic, partition)
+        self._reader.assign([tp])
+        self._reader.seek(tp, offset)
+        deadline = time.monotonic() + self.config.request_timeout_ms / 1000
+        while time.monotonic() < deadline:
+            for batch in self._reader.poll(timeout_ms=200, max_records=1).values():
+                for record in batch:
+                    if record.offset != offset:
+                        return None
+                    try:
+                        return decode(record.value)
+                    except MarkerDecodeError:
+                        return None
+        raise KafkaTimeoutError(f"markers {partition}:{offset} not fetched in time")
+
+    def _drop_unrecoverable(self, action: Redeliver) -> None:
+        state = self._states.get(action.marker_partition)
+        if state is not None:
+            state.discard(action.delivery, "start_missing")
 
     def _send_copy(self, action: Redeliver) -> Any:
         """Write the message again: to its own queue, or to its dead-letter queue."""
@@ -244,6 +298,7 @@ class Tracker:
         finally:
             try:
                 self._kc.close(autocommit=False)
+                self._reader.close()
             finally:
                 self._producer.flush(timeout=self.config.request_timeout_ms / 1000)
                 self._producer.close(timeout=5)
@@ -268,7 +323,9 @@ class Tracker:
             if tp.partition in self._states:
                 continue
             self._states[tp.partition] = PartitionState(
-                tp.partition, default_lease_s=self.config.default_redelivery_timeout_s
+                tp.partition,
+                default_lease_s=self.config.default_redelivery_timeout_s,
+                keep_payloads=False,
             )
         self._caught_up.clear()
         log.info("assigned partitions %s", self.partitions())

@@ -40,6 +40,8 @@ class Redeliver:
     reason: str
     dead_letter_queue: str | None = None
     """Set when the message is out of attempts: move it to this queue instead."""
+    start_offset: int = -1
+    """Where the START marker lies in the markers partition (to re-read the payload)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -60,9 +62,14 @@ class PartitionState:
     :meth:`redelivery_failed`; commit :meth:`commit_offset`.
     """
 
-    def __init__(self, partition: int, *, default_lease_s: float = 30.0) -> None:
+    def __init__(
+        self, partition: int, *, default_lease_s: float = 30.0, keep_payloads: bool = True
+    ) -> None:
         self.partition = partition
         self.default_lease_s = default_lease_s
+        self.keep_payloads = keep_payloads
+        """False: forget key, value and headers of each START; the caller re-reads them from
+        the markers log (``Redeliver.start_offset``) when a redelivery is due."""
         self.position: int | None = None
         """Offset of the next marker to read."""
         self.end_offset: int | None = None
@@ -131,6 +138,13 @@ class PartitionState:
             self._drop(delivery, entry)
             self.stats["dead_letters" if dead_lettered else "redeliveries"] += 1
 
+    def discard(self, delivery: Delivery, why: str) -> None:
+        """Forget a delivery that cannot be redelivered (its START is gone), counting ``why``."""
+        entry = self._inflight.get(delivery)
+        if entry is not None:
+            self._drop(delivery, entry)
+            self.stats[why] += 1
+
     def redelivery_failed(self, delivery: Delivery, now: float, retry_after_s: float) -> None:
         """The redelivery did not go through: try again after ``retry_after_s``."""
         entry = self._inflight.get(delivery)
@@ -169,6 +183,7 @@ class PartitionState:
                     headers=start.headers,
                     reason=entry.reason,
                     dead_letter_queue=dead_letter_queue if out_of_attempts else None,
+                    start_offset=entry.start_offset,
                 )
             )
         return actions
@@ -204,6 +219,8 @@ class PartitionState:
             if not entry.redelivering:
                 self._reschedule(marker.delivery, entry, max(entry.deadline, deadline))
             return
+        if not self.keep_payloads and (marker.value or marker.key or marker.headers):
+            marker = replace(marker, key=b"", value=b"", headers=())
         self._inflight[marker.delivery] = _InFlight(marker, offset, deadline)
         self._deadlines.add((deadline, marker.delivery))
         self._starts.add(offset)

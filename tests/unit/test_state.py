@@ -161,7 +161,7 @@ def test_scenarios(
 
 def test_redeliver_carries_the_start_payload() -> None:
     state = caught_up()
-    feed(state, marker(S), 0)
+    start = feed(state, marker(S), 0)
     [action] = state.due(LEASE_S)
     assert action == Redeliver(
         marker_partition=PARTITION,
@@ -173,8 +173,28 @@ def test_redeliver_carries_the_start_payload() -> None:
         value=VALUE,
         headers=HEADERS,
         reason="lease expired",
+        start_offset=start,
     )
     assert state.due(100 * LEASE_S) == [], "an action is handed out once"
+
+
+def test_without_payloads_the_action_points_at_the_start_marker() -> None:
+    state = PartitionState(PARTITION, default_lease_s=DEFAULT_LEASE_S, keep_payloads=False)
+    state.set_position(0)
+    state.set_end_offset(0)
+    start = feed(state, marker(S), 0)
+    [action] = state.due(LEASE_S)
+    assert (action.key, action.value, action.headers) == (b"", b"", ())
+    assert (action.start_offset, action.delivery, action.attempt) == (start, DELIVERY, ATTEMPT + 1)
+
+
+def test_discard_forgets_a_delivery_and_counts_why() -> None:
+    state = caught_up()
+    feed(state, marker(S), 0)
+    [action] = state.due(LEASE_S)
+    state.discard(action.delivery, "start_missing")
+    assert state.in_flight == 0 and state.stats["start_missing"] == 1
+    assert state.stats["redeliveries"] == 0
 
 
 def test_redelivered_drops_the_entry_and_advances_commit() -> None:
