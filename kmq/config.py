@@ -111,6 +111,9 @@ class ConsumerConfig:
     mode: str = AT_LEAST_ONCE
     """``"at_least_once"`` (markers, redelivery) or ``"at_most_once"`` (offset committed
     before the message is handed out; no markers; never redelivered)."""
+    transactional: bool = False
+    """Write a batch's START markers and its queue-offset commit in one Kafka transaction:
+    a crash or rebalance between them then never delivers a record twice."""
     rng: Callable[[], float] = field(default=random.random, repr=False, compare=False)
     """Random source in [0, 1) for backoff jitter; inject one to make tests deterministic."""
 
@@ -119,6 +122,10 @@ class ConsumerConfig:
             raise ConfigError(
                 f"mode must be {AT_LEAST_ONCE!r} or {AT_MOST_ONCE!r}, got {self.mode!r}"
             )
+        if not isinstance(self.transactional, bool):
+            raise ConfigError(f"transactional must be a bool, got {self.transactional!r}")
+        if self.transactional and self.mode == AT_MOST_ONCE:
+            raise ConfigError("transactional applies to at_least_once consumers only")
         if not callable(self.rng):
             raise ConfigError("rng must be a callable returning a float in [0, 1)")
         check_positive_int(self.max_in_flight, "max_in_flight")

@@ -6,12 +6,13 @@ import contextlib
 import logging
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from kafka import KafkaConsumer, TopicPartition
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
@@ -74,7 +75,20 @@ class Consumer:
                 heartbeat_interval_ms=max(100, cfg.session_timeout_ms // 4),
                 request_timeout_ms=max(cfg.request_timeout_ms, cfg.session_timeout_ms + 5000),
                 fetch_max_wait_ms=100,
+                isolation_level="read_committed",  # a transactional tracker's aborted copies
             )
+            self._txn: KafkaProducer | None = None
+            if config.transactional:
+                self._txn = KafkaProducer(
+                    bootstrap_servers=cfg.bootstrap_servers,
+                    client_id=f"{cfg.client_id}-txn",
+                    transactional_id=f"{self.group_id}-{uuid.uuid4().hex[:12]}",
+                    acks="all",
+                    enable_idempotence=True,
+                    max_request_size=cfg.max_message_bytes,
+                    request_timeout_ms=cfg.request_timeout_ms,
+                )
+                self._txn.init_transactions()
         except KafkaError as exc:
             raise BrokerError(f"cannot start consumer for queue {queue.id!r}: {exc}") from exc
         self._thread = threading.Thread(
@@ -156,6 +170,8 @@ class Consumer:
             self._producer.flush(timeout=timeout_s)
         finally:
             self._kc.close(autocommit=False)
+            if self._txn is not None:
+                self._txn.close(timeout=timeout_s)
 
     def __enter__(self) -> Consumer:
         return self
@@ -252,6 +268,9 @@ class Consumer:
         firsts: dict[TopicPartition, int] = {}
         messages: list[Message] = []
         futures = []
+        txn = self._txn
+        if txn is not None:
+            txn.begin_transaction()
         for tp, batch in records.items():
             if not batch:
                 continue
@@ -263,11 +282,17 @@ class Consumer:
                 message = self._message(record)
                 messages.append(message)
                 if not self._at_most_once:
-                    futures.append(self._send_start(message, record.key))
+                    futures.append(self._send_start(txn or self._producer, message, record.key))
         try:
+            if txn is not None:
+                txn.send_offsets_to_transaction(commits, self._kc.group_metadata())
+                txn.commit_transaction()
             for future in futures:
                 future.get(timeout=self._request_timeout_s)
         except KafkaError as exc:
+            if txn is not None:
+                with contextlib.suppress(KafkaError):
+                    txn.abort_transaction()
             # Nothing was handed out or committed: read the batch again and retry its STARTs.
             for tp, offset in firsts.items():
                 # A partition revoked meanwhile raises here; its new owner re-reads it anyway.
@@ -275,7 +300,8 @@ class Consumer:
                     self._kc.seek(tp, offset)
             raise _StartFailed(f"START marker not acknowledged: {exc!r}") from exc
         try:
-            self._kc.commit(commits)
+            if txn is None:
+                self._kc.commit(commits)
         except KafkaError as exc:
             if self._at_most_once:
                 # Not committed, so not ours to hand out: the partition's next owner reads it.
@@ -333,7 +359,7 @@ class Consumer:
         with self._cond:
             return self._send(MarkerType.DEAD_LETTERED, message, 0, reason)
 
-    def _send_start(self, message: Message, key: bytes) -> Any:
+    def _send_start(self, producer: KafkaProducer, message: Message, key: bytes) -> Any:
         marker = Marker(
             type=MarkerType.START,
             queue=self.queue,
@@ -348,7 +374,7 @@ class Consumer:
             max_attempts=self._policy.max_attempts,
             dead_letter_queue=self._dead_letter_queue,
         )
-        return self._producer.send(
+        return producer.send(
             self._svc_config.marker_topic, key=message.id.encode(), value=encode(marker)
         )
 

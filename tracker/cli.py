@@ -52,6 +52,13 @@ from tracker.config import TrackerConfig
     "--stats-interval-s", envvar="KMQ_STATS_INTERVAL_S", show_envvar=True, type=float, default=30.0
 )
 @click.option(
+    "--transactional/--no-transactional",
+    envvar="KMQ_TRANSACTIONAL",
+    show_envvar=True,
+    default=False,
+    help="Copy, marker and offset commit of each redelivery round in one transaction.",
+)
+@click.option(
     "--log-level",
     envvar="KMQ_LOG_LEVEL",
     show_envvar=True,
@@ -67,6 +74,7 @@ def main(
     session_timeout_ms: int,
     commit_interval_s: float,
     stats_interval_s: float,
+    transactional: bool,
     log_level: str,
 ) -> None:
     """Track kmq markers and redeliver messages whose lease ran out."""
@@ -86,6 +94,7 @@ def main(
             session_timeout_ms=session_timeout_ms,
             commit_interval_s=commit_interval_s,
             stats_interval_s=stats_interval_s,
+            transactional=transactional,
         )
     except KmqError as exc:
         raise click.UsageError(str(exc)) from exc

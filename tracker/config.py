@@ -24,6 +24,9 @@ class TrackerConfig:
     redelivery_retry_s: float = 1.0
     stats_interval_s: float = 30.0
     client_id: str = "kmq-tracker"
+    transactional: bool = False
+    """Write each round's copies, their markers and the markers-offset commit in one Kafka
+    transaction, closing the window where a crash between copy and marker duplicates it."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bootstrap_servers", normalize_bootstrap(self.bootstrap_servers))
@@ -41,3 +44,5 @@ class TrackerConfig:
         check_positive_int(self.max_redeliveries_per_round, "max_redeliveries_per_round")
         check_seconds(self.redelivery_retry_s, "redelivery_retry_s", maximum=3600)
         check_seconds(self.stats_interval_s, "stats_interval_s", maximum=86400)
+        if not isinstance(self.transactional, bool):
+            raise ConfigError(f"transactional must be a bool, got {self.transactional!r}")

@@ -3,9 +3,11 @@ consumer group, performs due redeliveries, commits what is safe."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
@@ -50,6 +52,17 @@ class Tracker:
             fetch_max_wait_ms=100,
         )
         self._kc.subscribe([config.marker_topic], listener=_Listener(self))
+        self._txn: KafkaProducer | None = None
+        if config.transactional:
+            self._txn = KafkaProducer(
+                bootstrap_servers=config.bootstrap_servers,
+                client_id=f"{config.client_id}-txn",
+                transactional_id=f"{config.group_id}-{uuid.uuid4().hex[:12]}",
+                acks="all",
+                enable_idempotence=True,
+                request_timeout_ms=config.request_timeout_ms,
+            )
+            self._txn.init_transactions()
         self._reader = KafkaConsumer(
             bootstrap_servers=config.bootstrap_servers,
             client_id=f"{config.client_id}-reader",
@@ -143,9 +156,12 @@ class Tracker:
             actions.extend(state.due(now, budget - len(actions)))
         if not actions:
             return
-        timeout_s = self.config.request_timeout_ms / 1000
         actions = self._with_payloads(actions)
-        copies = [(action, self._send_copy(action)) for action in actions]
+        if self._txn is not None:
+            self._redeliver_in_transaction(actions, self._txn)
+            return
+        timeout_s = self.config.request_timeout_ms / 1000
+        copies = [(action, self._send_copy(self._producer, action)) for action in actions]
         records = []
         for action, future in copies:
             try:
@@ -154,42 +170,79 @@ class Tracker:
                 log.warning("redelivery of %s failed (%r); retrying", action.message_id, exc)
                 self._state_failed(action)
                 continue
-            kind = MarkerType.DEAD_LETTERED if action.dead_letter_queue else MarkerType.REDELIVERED
-            marker = Marker(
-                type=kind,
-                queue=action.queue,
-                partition=action.delivery[0],
-                offset=action.delivery[1],
-                message_id=action.message_id,
-                attempt=action.attempt,
-                reason=action.reason,
-                dead_letter_queue=action.dead_letter_queue or "",
-            )
-            future = self._producer.send(
-                self.config.marker_topic, key=action.message_id.encode(), value=encode(marker)
-            )
-            records.append((action, kind, future))
-        for action, kind, future in records:
+            records.append((action, self._send_marker(self._producer, action)))
+        for action, future in records:
             try:
                 future.get(timeout=timeout_s)
             except KafkaError as exc:
                 # The copy is out, so nothing is lost; without the marker a restarted tracker
                 # may redeliver it once more.
-                log.error("%s marker for %s not written (%r)", kind.name, action.message_id, exc)
-            if action.dead_letter_queue:
-                log.info(
-                    "dead-lettered %s (queue %r -> %r after %d attempts, %s)",
-                    action.message_id, action.queue, action.dead_letter_queue,
-                    action.attempt, action.reason,
-                )  # fmt: skip
-            else:
-                log.info(
-                    "redelivered %s (queue %r, attempt %d, %s)",
-                    action.message_id, action.queue, action.attempt, action.reason,
-                )  # fmt: skip
-            owner = self._states.get(action.marker_partition)
-            if owner is not None:
-                owner.redelivered(action.delivery, dead_lettered=bool(action.dead_letter_queue))
+                log.error("marker for %s not written (%r)", action.message_id, exc)
+            self._done(action)
+
+    def _redeliver_in_transaction(self, actions: list[Redeliver], txn: KafkaProducer) -> None:
+        """Copies, their markers and the markers-offset commit that skips them: all or none."""
+        settled: dict[int, set[int]] = {}
+        for action in actions:
+            settled.setdefault(action.marker_partition, set()).add(action.start_offset)
+        offsets: dict[TopicPartition, OffsetAndMetadata] = {}
+        for partition, starts in settled.items():
+            state = self._states.get(partition)
+            offset = state.commit_offset(frozenset(starts)) if state is not None else None
+            if offset is not None:
+                tp = TopicPartition(self.config.marker_topic, partition)
+                offsets[tp] = OffsetAndMetadata(offset, "", -1)
+        try:
+            txn.begin_transaction()
+            for action in actions:
+                self._send_copy(txn, action)
+                self._send_marker(txn, action)
+            if offsets:
+                txn.send_offsets_to_transaction(offsets, self._kc.group_metadata())
+            txn.commit_transaction()
+        except KafkaError as exc:
+            log.warning("redelivery transaction failed (%r); retrying", exc)
+            with contextlib.suppress(KafkaError):
+                txn.abort_transaction()
+            for action in actions:
+                self._state_failed(action)
+            return
+        for tp, meta in offsets.items():
+            self._committed[tp.partition] = meta.offset
+        for action in actions:
+            self._done(action)
+
+    def _send_marker(self, producer: KafkaProducer, action: Redeliver) -> Any:
+        kind = MarkerType.DEAD_LETTERED if action.dead_letter_queue else MarkerType.REDELIVERED
+        marker = Marker(
+            type=kind,
+            queue=action.queue,
+            partition=action.delivery[0],
+            offset=action.delivery[1],
+            message_id=action.message_id,
+            attempt=action.attempt,
+            reason=action.reason,
+            dead_letter_queue=action.dead_letter_queue or "",
+        )
+        return producer.send(
+            self.config.marker_topic, key=action.message_id.encode(), value=encode(marker)
+        )
+
+    def _done(self, action: Redeliver) -> None:
+        if action.dead_letter_queue:
+            log.info(
+                "dead-lettered %s (queue %r -> %r after %d attempts, %s)",
+                action.message_id, action.queue, action.dead_letter_queue,
+                action.attempt, action.reason,
+            )  # fmt: skip
+        else:
+            log.info(
+                "redelivered %s (queue %r, attempt %d, %s)",
+                action.message_id, action.queue, action.attempt, action.reason,
+            )  # fmt: skip
+        owner = self._states.get(action.marker_partition)
+        if owner is not None:
+            owner.redelivered(action.delivery, dead_lettered=bool(action.dead_letter_queue))
 
     def _with_payloads(self, actions: list[Redeliver]) -> list[Redeliver]:
         """Fill in key, value and headers from each START marker, re-read from the log: the
@@ -234,10 +287,10 @@ class Tracker:
         if state is not None:
             state.discard(action.delivery, "start_missing")
 
-    def _send_copy(self, action: Redeliver) -> Any:
+    def _send_copy(self, producer: KafkaProducer, action: Redeliver) -> Any:
         """Write the message again: to its own queue, or to its dead-letter queue."""
         if action.dead_letter_queue is None:
-            return self._producer.send(
+            return producer.send(
                 self.config.queue_topic,
                 key=action.key,
                 value=action.value,
@@ -247,7 +300,7 @@ class Tracker:
         headers = dead_letter_headers(
             action.message_id, action.queue, action.attempt, action.reason, action.headers
         )
-        return self._producer.send(
+        return producer.send(
             self.config.queue_topic,
             key=action.dead_letter_queue.encode(),
             value=action.value,
@@ -302,6 +355,8 @@ class Tracker:
             finally:
                 self._producer.flush(timeout=self.config.request_timeout_ms / 1000)
                 self._producer.close(timeout=5)
+                if self._txn is not None:
+                    self._txn.close(timeout=5)
         log.info("stopped: %s", " ".join(f"{k}={v}" for k, v in sorted(self.stats().items())))
 
     # -- rebalance --------------------------------------------------------------------

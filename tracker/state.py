@@ -191,10 +191,15 @@ class PartitionState:
     def next_deadline(self) -> float | None:
         return self._deadlines[0][0] if self._deadlines else None
 
-    def commit_offset(self) -> int | None:
-        """The offset a restart must replay from: the oldest in-flight START, else the end."""
-        if self._starts:
-            return int(self._starts[0])
+    def commit_offset(self, settled: frozenset[int] = frozenset()) -> int | None:
+        """The offset a restart must replay from: the oldest in-flight START, else the end.
+
+        ``settled``: START offsets to count as finished already (for a commit that goes in
+        the same transaction as their redelivery).
+        """
+        for start in self._starts:
+            if start not in settled:
+                return int(start)
         return self.position
 
     @property

@@ -1,0 +1,62 @@
+"""Transactional consumer mode and transactional redelivery."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+import kmq
+from kmq.markers import MarkerType
+from tests.functional.conftest import Broker, Topics
+from tests.functional.helpers import read_markers, wait_until
+from tracker.config import TrackerConfig
+from tracker.daemon import Tracker
+
+
+@pytest.fixture
+def txn_tracker(tracker_config: TrackerConfig) -> Iterator[Tracker]:
+    tracker = Tracker(dataclasses.replace(tracker_config, transactional=True))
+    thread = threading.Thread(target=tracker.run, daemon=True)
+    thread.start()
+    try:
+        assert tracker.wait_caught_up(30), "tracker never caught up"
+        yield tracker
+    finally:
+        tracker.stop()
+        thread.join(timeout=30)
+
+
+def test_transactional_consumer_starts_and_commits_atomically(
+    broker: Broker, topics: Topics, service: kmq.Service, txn_tracker: Tracker
+) -> None:
+    q = service.queue("tx")
+    producer = q.producer()
+    sent = [producer.send(b"%d" % i) for i in range(5)]
+    with q.consumer(transactional=True) as consumer:
+        got = [consumer.receive(timeout_s=15) for _ in sent]
+        assert all(m is not None for m in got)
+        assert sorted(m.id for m in got if m) == sorted(sent)
+        first = got[0]
+        assert first is not None
+        first.nack(delay_s=0)
+        for m in got[1:]:
+            assert m is not None
+            m.ack()
+        again = consumer.receive(timeout_s=10)
+        assert again is not None and (again.id, again.attempt) == (first.id, 2)
+        again.ack()
+        assert consumer.receive(timeout_s=2) is None
+    # The transactional consumer's queue offsets are committed: a new consumer gets nothing.
+    with q.consumer() as later:
+        assert later.receive(timeout_s=3) is None
+    markers = read_markers(broker.bootstrap_servers, topics.markers)
+    starts = [m for m in markers if m.type is MarkerType.START]
+    assert len(starts) == 6
+    redelivered = [m for m in markers if m.type is MarkerType.REDELIVERED]
+    assert [m.message_id for m in redelivered] == [first.id]
+    wait_until(lambda: txn_tracker.stats()["end"] == 5, 10, "the ENDs to reach the tracker")
+    assert txn_tracker.stats()["redeliveries"] == 1
+    assert txn_tracker.stats()["in_flight"] == 0
