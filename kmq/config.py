@@ -58,6 +58,8 @@ class ServiceConfig:
     bootstrap_servers: str
     queue_topic: str = "kmq.queue"
     marker_topic: str = "kmq.markers"
+    control_topic: str = "kmq.control"
+    """Compacted topic holding queue pauses."""
     redelivery_timeout_s: float = 30.0
     queue_partitions: int = 4
     marker_partitions: int = 4
@@ -74,8 +76,11 @@ class ServiceConfig:
         object.__setattr__(self, "bootstrap_servers", normalize_bootstrap(self.bootstrap_servers))
         check_topic(self.queue_topic, "queue_topic")
         check_topic(self.marker_topic, "marker_topic")
-        if self.queue_topic == self.marker_topic:
-            raise ConfigError("queue_topic and marker_topic must be different topics")
+        check_topic(self.control_topic, "control_topic")
+        if len({self.queue_topic, self.marker_topic, self.control_topic}) < 3:
+            raise ConfigError(
+                "queue_topic, marker_topic and control_topic must be different topics"
+            )
         object.__setattr__(
             self,
             "redelivery_timeout_s",

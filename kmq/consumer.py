@@ -62,6 +62,8 @@ class Consumer:
         self._stop = threading.Event()
         self._next_tick = 0.0
         self._assigned: frozenset[int] = frozenset()
+        self._paused = False
+        self._pauses = svc.control_watcher()
         self.group_id = config.group_id or f"kmq.{cfg.queue_topic}.{queue.id}"
         try:
             self._kc = KafkaConsumer(
@@ -113,7 +115,7 @@ class Consumer:
             while True:
                 if self._closed:
                     raise ConsumerClosedError(f"consumer of queue {self.queue!r} is closed")
-                if self._ready:
+                if self._ready and not self._paused:
                     message = self._ready.popleft()
                     message._state = State.HELD
                     return message
@@ -226,7 +228,8 @@ class Consumer:
         try:
             while not self._stop.is_set():
                 self._keepalive_tick()
-                room = self._room()
+                self._check_pause()
+                room = 0 if self._paused else self._room()
                 self._apply_backpressure(room)
                 try:
                     records = self._kc.poll(
@@ -244,6 +247,14 @@ class Consumer:
             self._error = exc
         finally:
             with self._cond:
+                self._cond.notify_all()
+
+    def _check_pause(self) -> None:
+        paused = bool(self._pauses.paused_until_ms(self.queue))
+        if paused != self._paused:
+            log.info("queue %r %s", self.queue, "paused" if paused else "resumed")
+            with self._cond:
+                self._paused = paused
                 self._cond.notify_all()
 
     def _room(self) -> int:

@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bootstrap-servers", required=True)
     parser.add_argument("--queue-topic", required=True)
     parser.add_argument("--marker-topic", required=True)
+    parser.add_argument("--control-topic", default="kmq.control")
     parser.add_argument("--queue", required=True)
     parser.add_argument("--name", required=True)
     parser.add_argument("--redelivery-timeout-s", type=float, default=2.0)
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> None:
         bootstrap_servers=args.bootstrap_servers,
         queue_topic=args.queue_topic,
         marker_topic=args.marker_topic,
+        control_topic=args.control_topic,
         redelivery_timeout_s=args.redelivery_timeout_s,
         session_timeout_ms=args.session_timeout_ms,
         create_topics=False,

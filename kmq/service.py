@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import threading
 import time
 from typing import Any
@@ -11,7 +12,8 @@ from kafka.errors import KafkaError
 
 from kmq.config import ConsumerConfig, ServiceConfig
 from kmq.consumer import Consumer
-from kmq.errors import BrokerError, ConfigError, KmqError
+from kmq.errors import BrokerError, ConfigError, InvalidArgumentError, KmqError
+from kmq.pause import ControlWatcher, set_pause
 from kmq.policy import RetryPolicy
 from kmq.producer import Producer
 from kmq.topics import ensure_topics
@@ -36,6 +38,28 @@ class Queue:
         """A producer for this queue."""
         return Producer(self)
 
+    def pause(self, until: datetime.datetime) -> None:
+        """Pause the queue until ``until`` (timezone-aware): consumers hand out nothing new
+        and the tracker holds its redeliveries. Stored in the control topic, so every
+        process sees it."""
+        if not isinstance(until, datetime.datetime) or until.tzinfo is None:
+            raise InvalidArgumentError("until must be a timezone-aware datetime")
+        self._set_pause(max(1, int(until.timestamp() * 1000)))
+
+    def resume(self) -> None:
+        """End a pause now."""
+        self._set_pause(0)
+
+    def paused_until(self) -> datetime.datetime | None:
+        """When the current pause ends, or ``None`` if the queue is not paused."""
+        until_ms = self.service.control_watcher().paused_until_ms(self.id)
+        return datetime.datetime.fromtimestamp(until_ms / 1000, datetime.UTC) if until_ms else None
+
+    def _set_pause(self, until_ms: int) -> None:
+        self.service.ensure_topics()
+        cfg = self.service.config
+        set_pause(cfg.bootstrap_servers, cfg.control_topic, self.id, until_ms)
+
     def consumer(self, *, max_in_flight: int = 100, **options: Any) -> Consumer:
         """A consumer of this queue; see :class:`kmq.ConsumerConfig` for ``options``."""
         config = ConsumerConfig(max_in_flight=max_in_flight, **options)
@@ -59,6 +83,7 @@ class Service:
         self._producer: KafkaProducer | None = None
         self._topics_ready = False
         self._queue_partitions: int | None = None
+        self._watcher: ControlWatcher | None = None
         self._closed = False
 
     def queue(self, queue_id: str, policy: RetryPolicy | None = None) -> Queue:
@@ -109,6 +134,15 @@ class Service:
                     ) from exc
             return self._producer
 
+    def control_watcher(self) -> ControlWatcher:
+        """The shared reader of queue pauses (started on first use)."""
+        with self._lock:
+            if self._watcher is None:
+                self._watcher = ControlWatcher(
+                    self.config.bootstrap_servers, self.config.control_topic
+                )
+            return self._watcher
+
     def queue_partition_count(self) -> int:
         """How many partitions the queue topic has (looked up once)."""
         if self._queue_partitions is None:
@@ -129,6 +163,9 @@ class Service:
         with self._lock:
             self._closed = True
             producer, self._producer = self._producer, None
+            watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.close()
         if producer is not None:
             producer.flush(timeout=timeout_s)
             producer.close(timeout=timeout_s)

@@ -16,13 +16,14 @@ log = logging.getLogger(__name__)
 
 
 def ensure_topics(config: ServiceConfig, *, timeout_s: float = 30.0) -> list[str]:
-    """Create the queue and markers topics if absent; return the names it created.
+    """Create the queue, markers and control topics if absent; return the names it created.
 
     Existing topics are left as they are, whatever their partition count.
     """
     wanted = {
         config.queue_topic: config.queue_partitions,
         config.marker_topic: config.marker_partitions,
+        config.control_topic: 1,
     }
     try:
         admin = KafkaAdminClient(
@@ -36,7 +37,12 @@ def ensure_topics(config: ServiceConfig, *, timeout_s: float = 30.0) -> list[str
     try:
         existing = set(admin.list_topics())
         missing = [
-            NewTopic(name, partitions, config.replication_factor)
+            NewTopic(
+                name,
+                partitions,
+                config.replication_factor,
+                topic_configs={"cleanup.policy": "compact"} if name == config.control_topic else {},
+            )
             for name, partitions in wanted.items()
             if name not in existing
         ]

@@ -24,6 +24,9 @@ from tracker.config import TrackerConfig
 @click.option("--queue-topic", envvar="KMQ_QUEUE_TOPIC", show_envvar=True, default="kmq.queue")
 @click.option("--marker-topic", envvar="KMQ_MARKER_TOPIC", show_envvar=True, default="kmq.markers")
 @click.option(
+    "--control-topic", envvar="KMQ_CONTROL_TOPIC", show_envvar=True, default="kmq.control"
+)
+@click.option(
     "--group-id",
     envvar="KMQ_GROUP_ID",
     show_envvar=True,
@@ -69,6 +72,7 @@ def main(
     bootstrap_servers: str,
     queue_topic: str,
     marker_topic: str,
+    control_topic: str,
     group_id: str,
     default_redelivery_timeout_s: float,
     session_timeout_ms: int,
@@ -89,6 +93,7 @@ def main(
             bootstrap_servers=bootstrap_servers,
             queue_topic=queue_topic,
             marker_topic=marker_topic,
+            control_topic=control_topic,
             group_id=group_id,
             default_redelivery_timeout_s=default_redelivery_timeout_s,
             session_timeout_ms=session_timeout_ms,

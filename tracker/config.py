@@ -13,6 +13,7 @@ class TrackerConfig:
     bootstrap_servers: str
     queue_topic: str = "kmq.queue"
     marker_topic: str = "kmq.markers"
+    control_topic: str = "kmq.control"
     group_id: str = "kmq-tracker"
     default_redelivery_timeout_s: float = 30.0
     """Lease used for markers whose own is missing or absurd."""
@@ -32,8 +33,11 @@ class TrackerConfig:
         object.__setattr__(self, "bootstrap_servers", normalize_bootstrap(self.bootstrap_servers))
         check_topic(self.queue_topic, "queue_topic")
         check_topic(self.marker_topic, "marker_topic")
-        if self.queue_topic == self.marker_topic:
-            raise ConfigError("queue_topic and marker_topic must be different topics")
+        check_topic(self.control_topic, "control_topic")
+        if len({self.queue_topic, self.marker_topic, self.control_topic}) < 3:
+            raise ConfigError(
+                "queue_topic, marker_topic and control_topic must be different topics"
+            )
         if not isinstance(self.group_id, str) or not self.group_id:
             raise ConfigError("group_id must be a non-empty string")
         check_seconds(self.default_redelivery_timeout_s, "default_redelivery_timeout_s")

@@ -20,6 +20,7 @@ from kafka.structs import OffsetAndMetadata
 
 from kmq.errors import MarkerDecodeError
 from kmq.markers import Marker, MarkerType, decode, encode
+from kmq.pause import ControlWatcher
 from kmq.records import dead_letter_headers, queue_headers
 from tracker.config import TrackerConfig
 from tracker.state import PartitionState, Redeliver
@@ -63,6 +64,7 @@ class Tracker:
                 request_timeout_ms=config.request_timeout_ms,
             )
             self._txn.init_transactions()
+        self._pauses = ControlWatcher(config.bootstrap_servers, config.control_topic)
         self._reader = KafkaConsumer(
             bootstrap_servers=config.bootstrap_servers,
             client_id=f"{config.client_id}-reader",
@@ -154,6 +156,7 @@ class Tracker:
             if len(actions) >= budget:
                 break
             actions.extend(state.due(now, budget - len(actions)))
+        actions = [a for a in actions if not self._held_by_pause(a, now)]
         if not actions:
             return
         actions = self._with_payloads(actions)
@@ -243,6 +246,17 @@ class Tracker:
         owner = self._states.get(action.marker_partition)
         if owner is not None:
             owner.redelivered(action.delivery, dead_lettered=bool(action.dead_letter_queue))
+
+    def _held_by_pause(self, action: Redeliver, now: float) -> bool:
+        """Postpone ``action`` if its queue is paused; look again within a second."""
+        until_ms = self._pauses.paused_until_ms(action.queue)
+        if not until_ms:
+            return False
+        state = self._states.get(action.marker_partition)
+        if state is not None:
+            remaining_s = until_ms / 1000 - time.time()
+            state.postpone(action.delivery, now + min(1.0, max(remaining_s, 0.0)))
+        return True
 
     def _with_payloads(self, actions: list[Redeliver]) -> list[Redeliver]:
         """Fill in key, value and headers from each START marker, re-read from the log: the
@@ -352,6 +366,7 @@ class Tracker:
             try:
                 self._kc.close(autocommit=False)
                 self._reader.close()
+                self._pauses.close()
             finally:
                 self._producer.flush(timeout=self.config.request_timeout_ms / 1000)
                 self._producer.close(timeout=5)

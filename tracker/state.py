@@ -147,11 +147,11 @@ class PartitionState:
 
     def redelivery_failed(self, delivery: Delivery, now: float, retry_after_s: float) -> None:
         """The redelivery did not go through: try again after ``retry_after_s``."""
-        entry = self._inflight.get(delivery)
-        if entry is not None and entry.redelivering:
-            entry.redelivering = False
-            self.stats["redelivery_failed"] += 1
-            self._reschedule(delivery, entry, now + retry_after_s)
+        self._retry(delivery, now + retry_after_s, "redelivery_failed")
+
+    def postpone(self, delivery: Delivery, until: float) -> None:
+        """Hold a due redelivery (its queue is paused) until ``until``."""
+        self._retry(delivery, until, "postponed")
 
     # -- outputs ----------------------------------------------------------------------
 
@@ -244,6 +244,13 @@ class PartitionState:
             return ms / 1000
         self.stats["bad_lease"] += 1
         return 0.0 if ms < 0 else MAX_REDELIVERY_TIMEOUT_S
+
+    def _retry(self, delivery: Delivery, deadline: float, why: str) -> None:
+        entry = self._inflight.get(delivery)
+        if entry is not None and entry.redelivering:
+            entry.redelivering = False
+            self.stats[why] += 1
+            self._reschedule(delivery, entry, deadline)
 
     def _reschedule(self, delivery: Delivery, entry: _InFlight, deadline: float) -> None:
         if not entry.redelivering:

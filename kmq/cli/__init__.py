@@ -7,6 +7,7 @@ import click
 from kmq.cli.demo import demo
 from kmq.cli.dev import dev
 from kmq.cli.dlq import dlq
+from kmq.cli.pause import pause, resume
 from kmq.cli.topics import topics
 
 
@@ -19,3 +20,5 @@ main.add_command(dev)
 main.add_command(topics)
 main.add_command(demo)
 main.add_command(dlq)
+main.add_command(pause)
+main.add_command(resume)

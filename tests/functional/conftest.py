@@ -36,6 +36,7 @@ class Broker:
 class Topics:
     queue: str
     markers: str
+    control: str
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -72,12 +73,13 @@ def docker_compose_file(pytestconfig: pytest.Config) -> str:
 @pytest.fixture
 def topics(broker: Broker) -> Topics:
     tag = uuid.uuid4().hex[:10]
-    names = Topics(f"t{tag}.queue", f"t{tag}.markers")
+    names = Topics(f"t{tag}.queue", f"t{tag}.markers", f"t{tag}.control")
     ensure_topics(
         kmq.ServiceConfig(
             bootstrap_servers=broker.bootstrap_servers,
             queue_topic=names.queue,
             marker_topic=names.markers,
+            control_topic=names.control,
             queue_partitions=2,
             marker_partitions=2,
         )
@@ -94,6 +96,7 @@ def make_service(broker: Broker, topics: Topics) -> Iterator[Callable[..., kmq.S
             "bootstrap_servers": broker.bootstrap_servers,
             "queue_topic": topics.queue,
             "marker_topic": topics.markers,
+            "control_topic": topics.control,
             "redelivery_timeout_s": REDELIVERY_TIMEOUT_S,
             "session_timeout_ms": broker.session_timeout_ms,
             "queue_partitions": 2,
@@ -132,6 +135,7 @@ def tracker_config(broker: Broker, topics: Topics) -> TrackerConfig:
         bootstrap_servers=broker.bootstrap_servers,
         queue_topic=topics.queue,
         marker_topic=topics.markers,
+        control_topic=topics.control,
         group_id=f"tracker-{topics.markers}",
         default_redelivery_timeout_s=REDELIVERY_TIMEOUT_S,
         session_timeout_ms=broker.session_timeout_ms,
@@ -163,6 +167,7 @@ def tracker_argv(config: TrackerConfig) -> list[str]:
         "--bootstrap-servers", config.bootstrap_servers,
         "--queue-topic", config.queue_topic,
         "--marker-topic", config.marker_topic,
+        "--control-topic", config.control_topic,
         "--group-id", config.group_id,
         "--default-redelivery-timeout-s", str(config.default_redelivery_timeout_s),
         "--session-timeout-ms", str(config.session_timeout_ms),
@@ -185,6 +190,7 @@ def worker_argv(
         "--bootstrap-servers", broker.bootstrap_servers,
         "--queue-topic", topics.queue,
         "--marker-topic", topics.markers,
+        "--control-topic", topics.control,
         "--queue", queue,
         "--name", name,
         "--redelivery-timeout-s", str(REDELIVERY_TIMEOUT_S),

@@ -130,9 +130,17 @@ def test_service_config_rejects(field: str, value: object) -> None:
 
 
 @pytest.mark.parametrize("cls", [kmq.ServiceConfig, TrackerConfig])
-def test_same_topic_for_queue_and_markers_rejected(cls: type) -> None:
-    with pytest.raises(kmq.ConfigError, match="queue_topic and marker_topic"):
-        cls(bootstrap_servers=BOOTSTRAP, queue_topic="same", marker_topic="same")
+@pytest.mark.parametrize(
+    "topics",
+    [
+        {"queue_topic": "same", "marker_topic": "same"},
+        {"queue_topic": "same", "control_topic": "same"},
+        {"marker_topic": "same", "control_topic": "same"},
+    ],
+)
+def test_topics_must_differ(cls: type, topics: dict[str, str]) -> None:
+    with pytest.raises(kmq.ConfigError, match="must be different topics"):
+        cls(bootstrap_servers=BOOTSTRAP, **topics)
 
 
 BAD_CONSUMER = [
