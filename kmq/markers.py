@@ -75,8 +75,8 @@ def encode(marker: Marker) -> bytes:
     return pb.SerializeToString()
 
 
-def decode(data: bytes | None) -> Marker:
-    """Parse wire bytes into a :class:`Marker`.
+def parse(data: bytes | None) -> marker_pb2.Marker:
+    """Parse and validate wire bytes, returning the protobuf message itself (no copies).
 
     Raises :class:`kmq.MarkerDecodeError` for anything that is not a well-formed marker of
     a version this code understands: the tracker counts and skips those.
@@ -96,6 +96,11 @@ def decode(data: bytes | None) -> Marker:
         raise MarkerDecodeError("marker has no message id")
     if pb.partition < 0 or pb.offset < 0:
         raise MarkerDecodeError(f"marker names record {pb.partition}:{pb.offset}")
+    return pb
+
+
+def from_pb(pb: marker_pb2.Marker) -> Marker:
+    """The typed :class:`Marker` of a message returned by :func:`parse`."""
     return Marker(
         type=MarkerType(pb.type),
         queue=pb.queue,
@@ -112,3 +117,8 @@ def decode(data: bytes | None) -> Marker:
         dead_letter_queue=pb.dead_letter_queue,
         version=pb.version,
     )
+
+
+def decode(data: bytes | None) -> Marker:
+    """Parse wire bytes into a :class:`Marker`; see :func:`parse` for the errors."""
+    return from_pb(parse(data))

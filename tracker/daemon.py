@@ -10,7 +10,6 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import replace
 from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
@@ -23,7 +22,7 @@ from kmq.markers import Marker, MarkerType, decode, encode
 from kmq.pause import ControlWatcher
 from kmq.records import dead_letter_headers, queue_headers
 from tracker.config import TrackerConfig
-from tracker.state import PartitionState, Redeliver
+from tracker.state import PartitionState, Redeliver, complete
 
 log = logging.getLogger("kmq.tracker")
 
@@ -156,10 +155,11 @@ class Tracker:
             if len(actions) >= budget:
                 break
             actions.extend(state.due(now, budget - len(actions)))
-        actions = [a for a in actions if not self._held_by_pause(a, now)]
         if not actions:
             return
-        actions = self._with_payloads(actions)
+        actions = [a for a in self._with_payloads(actions) if not self._held_by_pause(a, now)]
+        if not actions:
+            return
         if self._txn is not None:
             self._redeliver_in_transaction(actions, self._txn)
             return
@@ -277,7 +277,7 @@ class Tracker:
                 )  # fmt: skip
                 self._drop_unrecoverable(action)
                 continue
-            loaded.append(replace(action, key=start.key, value=start.value, headers=start.headers))
+            loaded.append(complete(action, start))
         return loaded
 
     def _read_start(self, partition: int, offset: int) -> Marker | None:

@@ -13,9 +13,10 @@ from dataclasses import dataclass, replace
 
 from sortedcontainers import SortedList
 
+from kmq._proto import marker_pb2
 from kmq.config import MAX_REDELIVERY_TIMEOUT_S
 from kmq.errors import MarkerDecodeError
-from kmq.markers import MAX_ATTEMPT, Marker, MarkerType, decode
+from kmq.markers import MAX_ATTEMPT, Marker, MarkerType, from_pb, parse
 from kmq.policy import DEAD_LETTER_SUFFIX
 
 log = logging.getLogger(__name__)
@@ -42,16 +43,53 @@ class Redeliver:
     """Set when the message is out of attempts: move it to this queue instead."""
     start_offset: int = -1
     """Where the START marker lies in the markers partition (to re-read the payload)."""
+    attempt_step: int = 1
+    """1 when the new copy counts as another attempt, 0 after a release."""
+
+    @property
+    def complete(self) -> bool:
+        """False for an action of a payload-free state: see :func:`complete`."""
+        return bool(self.message_id)
+
+
+def complete(action: Redeliver, start: Marker) -> Redeliver:
+    """Fill ``action`` in from its START marker: who, what, which attempt, and whether it is
+    out of attempts (then it goes to the dead-letter queue instead)."""
+    attempt = max(start.attempt, 1) + action.attempt_step
+    out_of_attempts = 0 < start.max_attempts < attempt
+    return replace(
+        action,
+        queue=start.queue,
+        message_id=start.message_id,
+        attempt=max(start.attempt, 1) if out_of_attempts else min(attempt, MAX_ATTEMPT),
+        key=start.key,
+        value=start.value,
+        headers=start.headers,
+        dead_letter_queue=(start.dead_letter_queue or start.queue + DEAD_LETTER_SUFFIX)
+        if out_of_attempts
+        else None,
+    )
 
 
 @dataclass(slots=True, eq=False)
 class _InFlight:
-    start: Marker
-    start_offset: int
     deadline: float
+    start_offset: int
+    start: Marker | None  # only when the state keeps payloads
     attempt_step: int = 1
     reason: str = "lease expired"
     redelivering: bool = False
+
+
+_START = int(MarkerType.START)
+_KEEPALIVE = int(MarkerType.KEEPALIVE)
+_NACK = int(MarkerType.NACK)
+_RELEASE = int(MarkerType.RELEASE)
+_SETTLED = frozenset(
+    int(t) for t in (MarkerType.END, MarkerType.REDELIVERED, MarkerType.DEAD_LETTERED)
+)
+_STAT = {int(t): t.name.lower() for t in MarkerType}
+_MAX_LEASE_MS = MAX_REDELIVERY_TIMEOUT_S * 1000
 
 
 class PartitionState:
@@ -103,33 +141,35 @@ class PartitionState:
             return
         self.position = offset + 1
         try:
-            marker = decode(value)
+            pb = parse(value)
         except MarkerDecodeError as exc:
             self.stats["bad_marker"] += 1
             log.warning("markers partition %d offset %d skipped: %s", self.partition, offset, exc)
             return
-        self.stats[marker.type.name.lower()] += 1
-        if marker.type is MarkerType.START:
-            self._on_start(offset, marker, now)
+        kind = pb.type
+        self.stats[_STAT[kind]] += 1
+        delivery = (pb.partition, pb.offset)
+        if kind == _START:
+            self._on_start(offset, pb, delivery, now)
             return
-        entry = self._inflight.get(marker.delivery)
+        entry = self._inflight.get(delivery)
         if entry is None:
             # Normal after a restart (the START lies before the commit point), after our own
             # REDELIVERED marker, or when a lease already expired; anything else is a client bug.
             self.stats["unknown_delivery"] += 1
             return
-        if marker.type in (MarkerType.END, MarkerType.REDELIVERED, MarkerType.DEAD_LETTERED):
-            self._drop(marker.delivery, entry)
+        if kind in _SETTLED:
+            self._drop(delivery, entry)
         elif entry.redelivering:
             self.stats["late_marker"] += 1
-        elif marker.type is MarkerType.KEEPALIVE:
-            self._reschedule(marker.delivery, entry, now + self._lease_s(marker))
-        elif marker.type is MarkerType.NACK:
-            entry.attempt_step, entry.reason = 1, marker.reason or "nacked"
-            self._reschedule(marker.delivery, entry, now + self._delay_s(marker))
-        elif marker.type is MarkerType.RELEASE:
-            entry.attempt_step, entry.reason = 0, marker.reason or "released"
-            self._reschedule(marker.delivery, entry, now)
+        elif kind == _KEEPALIVE:
+            self._reschedule(delivery, entry, now + self._lease_s(pb.redeliver_after_ms))
+        elif kind == _NACK:
+            entry.attempt_step, entry.reason = 1, pb.reason or "nacked"
+            self._reschedule(delivery, entry, now + self._delay_s(pb.redeliver_after_ms))
+        elif kind == _RELEASE:
+            entry.attempt_step, entry.reason = 0, pb.reason or "released"
+            self._reschedule(delivery, entry, now)
 
     def redelivered(self, delivery: Delivery, *, dead_lettered: bool = False) -> None:
         """The new copy (or dead letter) and its marker are on the broker: forget the delivery."""
@@ -167,25 +207,20 @@ class PartitionState:
             del self._deadlines[0]
             entry = self._inflight[delivery]
             entry.redelivering = True
-            start = entry.start
-            attempt = start.attempt + entry.attempt_step
-            out_of_attempts = 0 < start.max_attempts < attempt
-            dead_letter_queue = start.dead_letter_queue or start.queue + DEAD_LETTER_SUFFIX
-            actions.append(
-                Redeliver(
-                    marker_partition=self.partition,
-                    delivery=delivery,
-                    queue=start.queue,
-                    message_id=start.message_id,
-                    attempt=start.attempt if out_of_attempts else min(attempt, MAX_ATTEMPT),
-                    key=start.key,
-                    value=start.value,
-                    headers=start.headers,
-                    reason=entry.reason,
-                    dead_letter_queue=dead_letter_queue if out_of_attempts else None,
-                    start_offset=entry.start_offset,
-                )
+            action = Redeliver(
+                marker_partition=self.partition,
+                delivery=delivery,
+                queue="",
+                message_id="",
+                attempt=0,
+                key=b"",
+                value=b"",
+                headers=(),
+                reason=entry.reason,
+                start_offset=entry.start_offset,
+                attempt_step=entry.attempt_step,
             )
+            actions.append(action if entry.start is None else complete(action, entry.start))
         return actions
 
     def next_deadline(self) -> float | None:
@@ -211,36 +246,32 @@ class PartitionState:
 
     # -- internals --------------------------------------------------------------------
 
-    def _on_start(self, offset: int, marker: Marker, now: float) -> None:
-        if marker.attempt < 1:
-            self.stats["bad_attempt"] += 1
-            marker = replace(marker, attempt=1)
-        deadline = now + self._lease_s(marker)
-        entry = self._inflight.get(marker.delivery)
+    def _on_start(self, offset: int, pb: marker_pb2.Marker, delivery: Delivery, now: float) -> None:
+        if pb.attempt < 1:
+            self.stats["bad_attempt"] += 1  # complete() counts it as attempt 1
+        deadline = now + self._lease_s(pb.redeliver_after_ms)
+        entry = self._inflight.get(delivery)
         if entry is not None:
             # The same record started twice: a consumer died between START and offset commit,
             # or a rebalance handed the record to a second consumer. One lease covers both.
             self.stats["duplicate_start"] += 1
             if not entry.redelivering:
-                self._reschedule(marker.delivery, entry, max(entry.deadline, deadline))
+                self._reschedule(delivery, entry, max(entry.deadline, deadline))
             return
-        if not self.keep_payloads and (marker.value or marker.key or marker.headers):
-            marker = replace(marker, key=b"", value=b"", headers=())
-        self._inflight[marker.delivery] = _InFlight(marker, offset, deadline)
-        self._deadlines.add((deadline, marker.delivery))
+        start = from_pb(pb) if self.keep_payloads else None
+        self._inflight[delivery] = _InFlight(deadline, offset, start)
+        self._deadlines.add((deadline, delivery))
         self._starts.add(offset)
 
-    def _lease_s(self, marker: Marker) -> float:
-        ms = marker.redeliver_after_ms
-        if 0 < ms <= MAX_REDELIVERY_TIMEOUT_S * 1000:
+    def _lease_s(self, ms: int) -> float:
+        if 0 < ms <= _MAX_LEASE_MS:
             return ms / 1000
         # Losing track of the message would be worse than guessing its lease.
         self.stats["bad_lease"] += 1
         return self.default_lease_s
 
-    def _delay_s(self, marker: Marker) -> float:
-        ms = marker.redeliver_after_ms
-        if 0 <= ms <= MAX_REDELIVERY_TIMEOUT_S * 1000:
+    def _delay_s(self, ms: int) -> float:
+        if 0 <= ms <= _MAX_LEASE_MS:
             return ms / 1000
         self.stats["bad_lease"] += 1
         return 0.0 if ms < 0 else MAX_REDELIVERY_TIMEOUT_S

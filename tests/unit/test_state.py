@@ -11,7 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from kmq.config import MAX_REDELIVERY_TIMEOUT_S
 from kmq.markers import MAX_ATTEMPT, Marker, MarkerType, decode, encode
-from tracker.state import PartitionState, Redeliver
+from tracker.state import PartitionState, Redeliver, complete
 
 PARTITION = 2
 DEFAULT_LEASE_S = 30.0
@@ -184,8 +184,14 @@ def test_without_payloads_the_action_points_at_the_start_marker() -> None:
     state.set_end_offset(0)
     start = feed(state, marker(S), 0)
     [action] = state.due(LEASE_S)
+    assert not action.complete
     assert (action.key, action.value, action.headers) == (b"", b"", ())
-    assert (action.start_offset, action.delivery, action.attempt) == (start, DELIVERY, ATTEMPT + 1)
+    assert (action.start_offset, action.delivery, action.attempt_step) == (start, DELIVERY, 1)
+    full = caught_up()
+    feed(full, marker(S), 0)
+    [expected] = full.due(LEASE_S)
+    assert expected.complete
+    assert complete(action, decode(marker(S))) == expected
 
 
 def test_discard_forgets_a_delivery_and_counts_why() -> None:
