@@ -91,6 +91,10 @@ class Tracker:
         """Block until this replica owns partitions and has replayed all of them."""
         return self._caught_up.wait(timeout_s)
 
+    def paused_until_ms(self, queue: str) -> int:
+        """When ``queue``'s pause ends (epoch ms) as this replica sees it, or 0."""
+        return self._pauses.paused_until_ms(queue)
+
     def partitions(self) -> list[int]:
         return sorted(self._states)
 

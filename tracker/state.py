@@ -8,10 +8,11 @@ can neither hasten nor postpone a redelivery; reading a marker late can only del
 from __future__ import annotations
 
 import logging
+import operator
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from sortedcontainers import SortedList
+from sortedcontainers import SortedKeyList, SortedList
 
 from kmq._proto import marker_pb2
 from kmq.config import MAX_REDELIVERY_TIMEOUT_S
@@ -23,6 +24,19 @@ log = logging.getLogger(__name__)
 
 Delivery = tuple[int, int]
 """A delivered queue-topic record: (partition, offset)."""
+
+_OFFSET_BITS = 48
+_MAX_PARTITION = 2**15 - 1
+_OFFSET_MASK = 2**_OFFSET_BITS - 1
+
+
+def _key(partition: int, offset: int) -> int:
+    # One int per delivery instead of a tuple of two: tens of bytes per in-flight message.
+    return (partition << _OFFSET_BITS) | offset
+
+
+def _delivery(key: int) -> Delivery:
+    return (key >> _OFFSET_BITS, key & _OFFSET_MASK)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +87,7 @@ def complete(action: Redeliver, start: Marker) -> Redeliver:
 
 @dataclass(slots=True, eq=False)
 class _InFlight:
+    key: int
     deadline: float
     start_offset: int
     start: Marker | None  # only when the state keeps payloads
@@ -81,6 +96,7 @@ class _InFlight:
     redelivering: bool = False
 
 
+_by_deadline = operator.attrgetter("deadline")
 _START = int(MarkerType.START)
 _KEEPALIVE = int(MarkerType.KEEPALIVE)
 _NACK = int(MarkerType.NACK)
@@ -113,8 +129,9 @@ class PartitionState:
         self.end_offset: int | None = None
         """The replay gate: the partition's end when it was assigned."""
         self.stats: Counter[str] = Counter()
-        self._inflight: dict[Delivery, _InFlight] = {}
-        self._deadlines: SortedList = SortedList()  # (deadline, delivery)
+        self._inflight: dict[int, _InFlight] = {}  # by _key(partition, offset)
+        # In-flight entries by deadline; a keyed list holds no per-entry tuple.
+        self._deadlines: SortedKeyList = SortedKeyList(key=_by_deadline)
         self._starts: SortedList = SortedList()  # marker offsets of in-flight STARTs
 
     # -- inputs -----------------------------------------------------------------------
@@ -147,8 +164,14 @@ class PartitionState:
             log.warning("markers partition %d offset %d skipped: %s", self.partition, offset, exc)
             return
         kind = pb.type
+        if pb.partition > _MAX_PARTITION or pb.offset > _OFFSET_MASK:
+            self.stats["bad_marker"] += 1
+            log.warning(
+                "markers partition %d offset %d names an impossible record", self.partition, offset
+            )
+            return
         self.stats[_STAT[kind]] += 1
-        delivery = (pb.partition, pb.offset)
+        delivery = _key(pb.partition, pb.offset)
         if kind == _START:
             self._on_start(offset, pb, delivery, now)
             return
@@ -173,25 +196,27 @@ class PartitionState:
 
     def redelivered(self, delivery: Delivery, *, dead_lettered: bool = False) -> None:
         """The new copy (or dead letter) and its marker are on the broker: forget the delivery."""
-        entry = self._inflight.get(delivery)
+        key = _key(*delivery)
+        entry = self._inflight.get(key)
         if entry is not None:
-            self._drop(delivery, entry)
+            self._drop(key, entry)
             self.stats["dead_letters" if dead_lettered else "redeliveries"] += 1
 
     def discard(self, delivery: Delivery, why: str) -> None:
         """Forget a delivery that cannot be redelivered (its START is gone), counting ``why``."""
-        entry = self._inflight.get(delivery)
+        key = _key(*delivery)
+        entry = self._inflight.get(key)
         if entry is not None:
-            self._drop(delivery, entry)
+            self._drop(key, entry)
             self.stats[why] += 1
 
     def redelivery_failed(self, delivery: Delivery, now: float, retry_after_s: float) -> None:
         """The redelivery did not go through: try again after ``retry_after_s``."""
-        self._retry(delivery, now + retry_after_s, "redelivery_failed")
+        self._retry(_key(*delivery), now + retry_after_s, "redelivery_failed")
 
     def postpone(self, delivery: Delivery, until: float) -> None:
         """Hold a due redelivery (its queue is paused) until ``until``."""
-        self._retry(delivery, until, "postponed")
+        self._retry(_key(*delivery), until, "postponed")
 
     # -- outputs ----------------------------------------------------------------------
 
@@ -201,15 +226,15 @@ class PartitionState:
             return []
         actions: list[Redeliver] = []
         while self._deadlines and len(actions) < limit:
-            deadline, delivery = self._deadlines[0]
-            if deadline > now:
+            entry = self._deadlines[0]
+            if entry.deadline > now:
                 break
             del self._deadlines[0]
-            entry = self._inflight[delivery]
+            key = entry.key
             entry.redelivering = True
             action = Redeliver(
                 marker_partition=self.partition,
-                delivery=delivery,
+                delivery=_delivery(key),
                 queue="",
                 message_id="",
                 attempt=0,
@@ -224,7 +249,7 @@ class PartitionState:
         return actions
 
     def next_deadline(self) -> float | None:
-        return self._deadlines[0][0] if self._deadlines else None
+        return float(self._deadlines[0].deadline) if self._deadlines else None
 
     def commit_offset(self, settled: frozenset[int] = frozenset()) -> int | None:
         """The offset a restart must replay from: the oldest in-flight START, else the end.
@@ -242,11 +267,11 @@ class PartitionState:
         return len(self._inflight)
 
     def deliveries(self) -> list[Delivery]:
-        return list(self._inflight)
+        return [_delivery(key) for key in self._inflight]
 
     # -- internals --------------------------------------------------------------------
 
-    def _on_start(self, offset: int, pb: marker_pb2.Marker, delivery: Delivery, now: float) -> None:
+    def _on_start(self, offset: int, pb: marker_pb2.Marker, delivery: int, now: float) -> None:
         if pb.attempt < 1:
             self.stats["bad_attempt"] += 1  # complete() counts it as attempt 1
         deadline = now + self._lease_s(pb.redeliver_after_ms)
@@ -259,8 +284,8 @@ class PartitionState:
                 self._reschedule(delivery, entry, max(entry.deadline, deadline))
             return
         start = from_pb(pb) if self.keep_payloads else None
-        self._inflight[delivery] = _InFlight(deadline, offset, start)
-        self._deadlines.add((deadline, delivery))
+        entry = self._inflight[delivery] = _InFlight(delivery, deadline, offset, start)
+        self._deadlines.add(entry)
         self._starts.add(offset)
 
     def _lease_s(self, ms: int) -> float:
@@ -276,21 +301,21 @@ class PartitionState:
         self.stats["bad_lease"] += 1
         return 0.0 if ms < 0 else MAX_REDELIVERY_TIMEOUT_S
 
-    def _retry(self, delivery: Delivery, deadline: float, why: str) -> None:
+    def _retry(self, delivery: int, deadline: float, why: str) -> None:
         entry = self._inflight.get(delivery)
         if entry is not None and entry.redelivering:
             entry.redelivering = False
             self.stats[why] += 1
             self._reschedule(delivery, entry, deadline)
 
-    def _reschedule(self, delivery: Delivery, entry: _InFlight, deadline: float) -> None:
+    def _reschedule(self, delivery: int, entry: _InFlight, deadline: float) -> None:
         if not entry.redelivering:
-            self._deadlines.discard((entry.deadline, delivery))
+            self._deadlines.discard(entry)
         entry.deadline = deadline
-        self._deadlines.add((deadline, delivery))
+        self._deadlines.add(entry)
 
-    def _drop(self, delivery: Delivery, entry: _InFlight) -> None:
+    def _drop(self, delivery: int, entry: _InFlight) -> None:
         del self._inflight[delivery]
         if not entry.redelivering:
-            self._deadlines.discard((entry.deadline, delivery))
+            self._deadlines.discard(entry)
         self._starts.discard(entry.start_offset)

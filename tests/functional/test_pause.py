@@ -21,6 +21,7 @@ def test_paused_queue_delivers_and_redelivers_nothing_until_resumed(
         until = datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=5)
         q.pause(until)
         wait_until(lambda: q.paused_until() is not None, 10, "the pause to be visible")
+        wait_until(lambda: tracker.paused_until_ms("paused"), 10, "the tracker to see the pause")
         assert abs((q.paused_until() or until) - until) < datetime.timedelta(seconds=1)
         q.producer().send(b"second")
         other.producer().send(b"unaffected")
