@@ -108,7 +108,7 @@ class ConsumerConfig:
 
     max_in_flight: int = 100
     """Most messages a consumer holds at once (buffered plus handed out, not yet settled)."""
-    poll_timeout_ms: int = 100
+    poll_timeout_ms: int = 20
     keepalive_fraction: float = 1 / 3
     """A KEEPALIVE goes out every ``redelivery_timeout_s * keepalive_fraction`` seconds."""
     group_id: str | None = None

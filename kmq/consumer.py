@@ -18,7 +18,8 @@ from kafka.structs import OffsetAndMetadata
 
 from kmq.config import AT_MOST_ONCE, ConsumerConfig
 from kmq.errors import BrokerError, ConsumerClosedError, InvalidArgumentError, MessageStateError
-from kmq.markers import Marker, MarkerType, encode
+from kmq.marker_writer import MarkerWriter
+from kmq.markers import Marker, MarkerType
 from kmq.message import Message, State
 from kmq.records import dead_letter_headers, parse_queue_headers
 
@@ -26,6 +27,11 @@ if TYPE_CHECKING:
     from kmq.service import Queue
 
 log = logging.getLogger(__name__)
+
+
+_FLUSH_AT = 256
+"""Pending markers at which an ack(wait=False) flushes at once instead of leaving it to the
+background loop (which flushes every poll, at most ``poll_timeout_ms`` later)."""
 
 
 class _StartFailed(Exception):
@@ -64,6 +70,9 @@ class Consumer:
         self._assigned: frozenset[int] = frozenset()
         self._paused = False
         self._pauses = svc.control_watcher()
+        self._writer = MarkerWriter(
+            cfg.marker_topic, svc.marker_partition_count(), cfg.max_message_bytes
+        )
         self.group_id = config.group_id or f"kmq.{cfg.queue_topic}.{queue.id}"
         try:
             self._kc = KafkaConsumer(
@@ -168,6 +177,7 @@ class Consumer:
                 message._state = State.RELEASED
             self._held.clear()
             self._ready.clear()
+            self._writer.flush(self._producer)
         try:
             self._producer.flush(timeout=timeout_s)
         finally:
@@ -202,19 +212,23 @@ class Consumer:
                 return
             self._held.pop((message.partition, message.offset), None)
             message._state = state
+            futures: list[Any] = []
             if state is State.ACKED:
-                future = self._send(MarkerType.END, message, 0, "")
+                self._send(MarkerType.END, message, 0, "")
             elif state is State.NACKED:
                 if delay_ms is None:
                     delay_ms = round(
                         1000 * self._policy.backoff_s(message.attempt, self.config.rng)
                     )
-                future = self._send(MarkerType.NACK, message, delay_ms, reason)
+                self._send(MarkerType.NACK, message, delay_ms, reason)
+            if wait or self._writer.pending >= _FLUSH_AT:
+                futures = self._writer.flush(self._producer).get(message.marker_partition, [])
         if state is State.REJECTED:
-            future = self._dead_letter(message, reason)
+            futures = self._dead_letter(message, reason)
         if wait:
             try:
-                future.get(timeout=self._request_timeout_s)
+                for future in futures:
+                    future.get(timeout=self._request_timeout_s)
             except KafkaError as exc:
                 raise BrokerError(
                     f"{state.value[:-2]} of {message.id} not written ({exc!r}); the message "
@@ -228,6 +242,9 @@ class Consumer:
         try:
             while not self._stop.is_set():
                 self._keepalive_tick()
+                with self._cond:
+                    if self._writer.pending:  # acks made with wait=False, keep-alives
+                        self._writer.flush(self._producer)
                 self._check_pause()
                 room = 0 if self._paused else self._room()
                 self._apply_backpressure(room)
@@ -278,24 +295,28 @@ class Consumer:
         commits: dict[TopicPartition, OffsetAndMetadata] = {}
         firsts: dict[TopicPartition, int] = {}
         messages: list[Message] = []
-        futures = []
-        txn = self._txn
-        if txn is not None:
-            txn.begin_transaction()
         for tp, batch in records.items():
             if not batch:
                 continue
             firsts[tp] = batch[0].offset
             commits[tp] = OffsetAndMetadata(batch[-1].offset + 1, "", -1)
-            for record in batch:
-                if record.key != self._key:
-                    continue  # another logical queue's message
-                message = self._message(record)
-                messages.append(message)
-                if not self._at_most_once:
-                    futures.append(self._send_start(txn or self._producer, message, record.key))
+            messages.extend(self._message(r) for r in batch if r.key == self._key)
+        txn = self._txn
+        futures: list[Any] = []
         try:
+            if not self._at_most_once and messages:
+                with self._cond:
+                    if txn is not None:
+                        # Other markers must not ride in (and die with) an aborted transaction.
+                        self._writer.flush(self._producer)
+                        txn.begin_transaction()
+                    for message in messages:
+                        self._writer.add(self._start_marker(message), message.marker_partition)
+                    for batch_futures in self._writer.flush(txn or self._producer).values():
+                        futures.extend(batch_futures)
             if txn is not None:
+                if not messages:
+                    txn.begin_transaction()
                 txn.send_offsets_to_transaction(commits, self._kc.group_metadata())
                 txn.commit_transaction()
             for future in futures:
@@ -310,20 +331,23 @@ class Consumer:
                 with contextlib.suppress(Exception):
                     self._kc.seek(tp, offset)
             raise _StartFailed(f"START marker not acknowledged: {exc!r}") from exc
-        try:
-            if txn is None:
+        if txn is None:
+            try:
                 self._kc.commit(commits)
-        except KafkaError as exc:
-            if self._at_most_once:
-                # Not committed, so not ours to hand out: the partition's next owner reads it.
-                raise _StartFailed(f"offset commit failed: {exc!r}") from exc
-            log.warning(
-                "queue %r: offset commit failed (%r); these %d messages may also be delivered "
-                "to the partition's next owner",
-                self.queue,
-                exc,
-                len(messages),
-            )
+            except KafkaError as exc:
+                if self._at_most_once:
+                    # Not committed, so not ours to hand out: the next owner reads it.
+                    raise _StartFailed(f"offset commit failed: {exc!r}") from exc
+                log.warning(
+                    "queue %r: offset commit failed (%r); these %d messages may also be "
+                    "delivered to the partition's next owner",
+                    self.queue, exc, len(messages),
+                )  # fmt: skip
+        # Committed before handing out, so a consumer that dies holding a message never has
+        # its record read again: the tracker redelivers it, counting the attempt.
+        self._hand_out(messages)
+
+    def _hand_out(self, messages: list[Message]) -> None:
         if not messages:
             return
         next_keepalive = time.monotonic() + self._keepalive_s
@@ -337,7 +361,7 @@ class Consumer:
 
     def _message(self, record: Any) -> Message:
         message_id, attempt, headers = parse_queue_headers(record.headers)
-        return Message(
+        message = Message(
             self,
             payload=record.value or b"",
             message_id=message_id or f"ext-{record.partition}-{record.offset}",
@@ -348,8 +372,10 @@ class Consumer:
             offset=record.offset,
             timestamp_ms=record.timestamp,
         )
+        message.marker_partition = self._writer.partition_for(message.id)
+        return message
 
-    def _dead_letter(self, message: Message, reason: str) -> Any:
+    def _dead_letter(self, message: Message, reason: str) -> list[Any]:
         """Write ``message`` to the dead-letter queue, then its DEAD_LETTERED marker."""
         copy = self._producer.send(
             self._svc_config.queue_topic,
@@ -368,10 +394,11 @@ class Consumer:
                 "redelivered when its lease runs out"
             ) from exc
         with self._cond:
-            return self._send(MarkerType.DEAD_LETTERED, message, 0, reason)
+            self._send(MarkerType.DEAD_LETTERED, message, 0, reason)
+            return self._writer.flush(self._producer).get(message.marker_partition, [])
 
-    def _send_start(self, producer: KafkaProducer, message: Message, key: bytes) -> Any:
-        marker = Marker(
+    def _start_marker(self, message: Message) -> Marker:
+        return Marker(
             type=MarkerType.START,
             queue=self.queue,
             partition=message.partition,
@@ -379,14 +406,11 @@ class Consumer:
             message_id=message.id,
             attempt=message.attempt,
             redeliver_after_ms=self._lease_ms,
-            key=key,
+            key=self._key,
             value=message.payload,
             headers=tuple(message.headers.items()),
             max_attempts=self._policy.max_attempts,
             dead_letter_queue=self._dead_letter_queue,
-        )
-        return producer.send(
-            self._svc_config.marker_topic, key=message.id.encode(), value=encode(marker)
         )
 
     def _keepalive_tick(self) -> None:
@@ -400,9 +424,9 @@ class Consumer:
                     self._send(MarkerType.KEEPALIVE, message, self._lease_ms, "")
                     message.next_keepalive = now + self._keepalive_s
 
-    def _send(self, kind: MarkerType, message: Message, after_ms: int, reason: str) -> Any:
-        """Write a marker for ``message``. Callers hold ``_cond`` so markers of one message
-        reach the producer, and so the broker, in the order they were decided."""
+    def _send(self, kind: MarkerType, message: Message, after_ms: int, reason: str) -> None:
+        """Queue a marker for ``message``. Callers hold ``_cond``, so markers of one message
+        reach the writer, and so the broker, in the order they were decided."""
         marker = Marker(
             type=kind,
             queue=self.queue,
@@ -413,17 +437,4 @@ class Consumer:
             redeliver_after_ms=after_ms,
             reason=reason,
         )
-        future = self._producer.send(
-            self._svc_config.marker_topic, key=message.id.encode(), value=encode(marker)
-        )
-        future.add_errback(
-            lambda exc: log.error(
-                "queue %r: %s marker for %s lost (%r); the message will be redelivered "
-                "when its lease runs out",
-                self.queue,
-                kind.name,
-                message.id,
-                exc,
-            )
-        )
-        return future
+        self._writer.add(marker, message.marker_partition)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from google.protobuf.message import DecodeError
 
@@ -26,6 +28,8 @@ class MarkerType(enum.IntEnum):
 
 
 _KNOWN_TYPES = frozenset(int(t) for t in MarkerType)
+BATCH = marker_pb2.BATCH
+"""Type of a record that carries several markers in its ``batch`` field."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,31 +57,54 @@ class Marker:
         return (self.partition, self.offset)
 
 
+def _fields(marker: Marker) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "version": marker.version,
+        "type": int(marker.type),
+        "queue": marker.queue,
+        "partition": marker.partition,
+        "offset": marker.offset,
+        "message_id": marker.message_id,
+        "attempt": marker.attempt,
+    }
+    # Only what is set: protobuf skips default values on the wire anyway.
+    if marker.redeliver_after_ms:
+        fields["redeliver_after_ms"] = marker.redeliver_after_ms
+    if marker.key:
+        fields["key"] = marker.key
+    if marker.value:
+        fields["value"] = marker.value
+    if marker.headers:
+        fields["headers"] = [marker_pb2.Header(key=k, value=v) for k, v in marker.headers]
+    if marker.reason:
+        fields["reason"] = marker.reason
+    if marker.max_attempts:
+        fields["max_attempts"] = marker.max_attempts
+    if marker.dead_letter_queue:
+        fields["dead_letter_queue"] = marker.dead_letter_queue
+    return fields
+
+
 def encode(marker: Marker) -> bytes:
     """Serialize a marker to its wire bytes."""
-    pb = marker_pb2.Marker(
-        version=marker.version,
-        type=int(marker.type),  # type: ignore[arg-type]
-        queue=marker.queue,
-        partition=marker.partition,
-        offset=marker.offset,
-        message_id=marker.message_id,
-        attempt=marker.attempt,
-        redeliver_after_ms=marker.redeliver_after_ms,
-        key=marker.key,
-        value=marker.value,
-        reason=marker.reason,
-        max_attempts=marker.max_attempts,
-        dead_letter_queue=marker.dead_letter_queue,
-    )
-    for name, value in marker.headers:
-        pb.headers.add(key=name, value=value)
-    return pb.SerializeToString()
+    return marker_pb2.Marker(**_fields(marker)).SerializeToString()
+
+
+def encode_batch(markers: Sequence[Marker]) -> bytes:
+    """One record's worth of markers, applied in order: a plain marker when there is one."""
+    if len(markers) == 1:
+        return encode(markers[0])
+    return marker_pb2.Marker(
+        version=PROTOCOL_VERSION,
+        type=marker_pb2.BATCH,
+        batch=[marker_pb2.Marker(**_fields(m)) for m in markers],
+    ).SerializeToString()
 
 
 def parse(data: bytes | None) -> marker_pb2.Marker:
     """Parse and validate wire bytes, returning the protobuf message itself (no copies).
 
+    A BATCH comes back as is: check each of its ``batch`` entries with :func:`check`.
     Raises :class:`kmq.MarkerDecodeError` for anything that is not a well-formed marker of
     a version this code understands: the tracker counts and skips those.
     """
@@ -88,6 +115,14 @@ def parse(data: bytes | None) -> marker_pb2.Marker:
         pb.ParseFromString(data)
     except (DecodeError, RuntimeWarning, ValueError) as exc:
         raise MarkerDecodeError(f"not a protobuf marker: {exc}") from None
+    if pb.type == marker_pb2.BATCH and pb.version == PROTOCOL_VERSION:
+        return pb
+    check(pb)
+    return pb
+
+
+def check(pb: marker_pb2.Marker) -> None:
+    """Raise :class:`kmq.MarkerDecodeError` unless ``pb`` is a valid single marker."""
     if pb.version != PROTOCOL_VERSION:
         raise MarkerDecodeError(f"unsupported marker version {pb.version}")
     if pb.type not in _KNOWN_TYPES:
@@ -96,7 +131,6 @@ def parse(data: bytes | None) -> marker_pb2.Marker:
         raise MarkerDecodeError("marker has no message id")
     if pb.partition < 0 or pb.offset < 0:
         raise MarkerDecodeError(f"marker names record {pb.partition}:{pb.offset}")
-    return pb
 
 
 def from_pb(pb: marker_pb2.Marker) -> Marker:
@@ -120,5 +154,24 @@ def from_pb(pb: marker_pb2.Marker) -> Marker:
 
 
 def decode(data: bytes | None) -> Marker:
-    """Parse wire bytes into a :class:`Marker`; see :func:`parse` for the errors."""
-    return from_pb(parse(data))
+    """Parse wire bytes holding one marker into a :class:`Marker`; see :func:`parse`."""
+    pb = parse(data)
+    if pb.type == marker_pb2.BATCH:
+        raise MarkerDecodeError(f"a batch of {len(pb.batch)} markers: use decode_all()")
+    return from_pb(pb)
+
+
+def decode_all(data: bytes | None) -> list[Marker]:
+    """Every valid marker in a record, in order: one for a plain marker, several for a
+    BATCH (whose invalid entries are left out). Raises like :func:`parse`."""
+    pb = parse(data)
+    if pb.type != marker_pb2.BATCH:
+        return [from_pb(pb)]
+    out = []
+    for entry in pb.batch:
+        try:
+            check(entry)
+        except MarkerDecodeError:
+            continue
+        out.append(from_pb(entry))
+    return out

@@ -36,6 +36,7 @@ class Message:
         "attempt",
         "headers",
         "id",
+        "marker_partition",
         "next_keepalive",
         "offset",
         "partition",
@@ -68,6 +69,7 @@ class Message:
         self.offset = offset
         self.timestamp_ms = timestamp_ms
         self.next_keepalive = 0.0
+        self.marker_partition = 0
 
     @property
     def state(self) -> State:

@@ -82,7 +82,7 @@ class Service:
         self._queues: dict[str, Queue] = {}
         self._producer: KafkaProducer | None = None
         self._topics_ready = False
-        self._queue_partitions: int | None = None
+        self._partitions: dict[str, int] = {}
         self._watcher: ControlWatcher | None = None
         self._closed = False
 
@@ -145,18 +145,26 @@ class Service:
 
     def queue_partition_count(self) -> int:
         """How many partitions the queue topic has (looked up once)."""
-        if self._queue_partitions is None:
+        return self._partition_count(self.config.queue_topic)
+
+    def marker_partition_count(self) -> int:
+        """How many partitions the markers topic has (looked up once)."""
+        return self._partition_count(self.config.marker_topic)
+
+    def _partition_count(self, topic: str) -> int:
+        count = self._partitions.get(topic)
+        if count is None:
             producer = self.kafka_producer()
             deadline = time.monotonic() + self.config.request_timeout_ms / 1000
             while True:
-                partitions = producer.partitions_for(self.config.queue_topic)
+                partitions = producer.partitions_for(topic)
                 if partitions:
-                    self._queue_partitions = len(partitions)
+                    count = self._partitions[topic] = len(partitions)
                     break
                 if time.monotonic() > deadline:
-                    raise BrokerError(f"queue topic {self.config.queue_topic!r} has no partitions")
+                    raise BrokerError(f"topic {topic!r} has no partitions")
                 time.sleep(0.05)
-        return self._queue_partitions
+        return count
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Flush and close the shared producer. Close consumers first."""

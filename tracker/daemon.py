@@ -18,7 +18,7 @@ from kafka.errors import KafkaError, KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata
 
 from kmq.errors import MarkerDecodeError
-from kmq.markers import Marker, MarkerType, decode, encode
+from kmq.markers import Marker, MarkerType, decode_all, encode
 from kmq.pause import ControlWatcher
 from kmq.records import dead_letter_headers, queue_headers
 from tracker.config import TrackerConfig
@@ -189,13 +189,13 @@ class Tracker:
 
     def _redeliver_in_transaction(self, actions: list[Redeliver], txn: KafkaProducer) -> None:
         """Copies, their markers and the markers-offset commit that skips them: all or none."""
-        settled: dict[int, set[int]] = {}
+        settled: dict[int, list[int]] = {}
         for action in actions:
-            settled.setdefault(action.marker_partition, set()).add(action.start_offset)
+            settled.setdefault(action.marker_partition, []).append(action.start_offset)
         offsets: dict[TopicPartition, OffsetAndMetadata] = {}
         for partition, starts in settled.items():
             state = self._states.get(partition)
-            offset = state.commit_offset(frozenset(starts)) if state is not None else None
+            offset = state.commit_offset(starts) if state is not None else None
             if offset is not None:
                 tp = TopicPartition(self.config.marker_topic, partition)
                 offsets[tp] = OffsetAndMetadata(offset, "", -1)
@@ -231,8 +231,12 @@ class Tracker:
             reason=action.reason,
             dead_letter_queue=action.dead_letter_queue or "",
         )
+        # The partition its START came from, where every marker of the message belongs.
         return producer.send(
-            self.config.marker_topic, key=action.message_id.encode(), value=encode(marker)
+            self.config.marker_topic,
+            key=action.message_id.encode(),
+            value=encode(marker),
+            partition=action.marker_partition,
         )
 
     def _done(self, action: Redeliver) -> None:
@@ -268,12 +272,14 @@ class Tracker:
         loaded = []
         for action in sorted(actions, key=lambda a: (a.marker_partition, a.start_offset)):
             try:
-                start = self._read_start(action.marker_partition, action.start_offset)
+                start = self._read_start(
+                    action.marker_partition, action.start_offset, action.delivery
+                )
             except KafkaError as exc:
                 log.warning("cannot re-read START of %s (%r); retrying", action.message_id, exc)
                 self._state_failed(action)
                 continue
-            if start is None or start.delivery != action.delivery:
+            if start is None:
                 # Only retention deleting a START still in flight leads here.
                 log.error(
                     "START of %s at markers %d:%d is gone; it cannot be redelivered",
@@ -284,7 +290,8 @@ class Tracker:
             loaded.append(complete(action, start))
         return loaded
 
-    def _read_start(self, partition: int, offset: int) -> Marker | None:
+    def _read_start(self, partition: int, offset: int, delivery: tuple[int, int]) -> Marker | None:
+        """The START marker of ``delivery`` in the record at ``offset`` (plain or BATCH)."""
         tp = TopicPartition(self.config.marker_topic, partition)
         self._reader.assign([tp])
         self._reader.seek(tp, offset)
@@ -295,9 +302,13 @@ class Tracker:
                     if record.offset != offset:
                         return None
                     try:
-                        return decode(record.value)
+                        markers = decode_all(record.value)
                     except MarkerDecodeError:
                         return None
+                    for marker in markers:
+                        if marker.type is MarkerType.START and marker.delivery == delivery:
+                            return marker
+                    return None
         raise KafkaTimeoutError(f"markers {partition}:{offset} not fetched in time")
 
     def _drop_unrecoverable(self, action: Redeliver) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import operator
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from sortedcontainers import SortedKeyList, SortedList
@@ -17,7 +18,7 @@ from sortedcontainers import SortedKeyList, SortedList
 from kmq._proto import marker_pb2
 from kmq.config import MAX_REDELIVERY_TIMEOUT_S
 from kmq.errors import MarkerDecodeError
-from kmq.markers import MAX_ATTEMPT, Marker, MarkerType, from_pb, parse
+from kmq.markers import BATCH, MAX_ATTEMPT, Marker, MarkerType, check, from_pb, parse
 from kmq.policy import DEAD_LETTER_SUFFIX
 
 log = logging.getLogger(__name__)
@@ -160,15 +161,28 @@ class PartitionState:
         try:
             pb = parse(value)
         except MarkerDecodeError as exc:
-            self.stats["bad_marker"] += 1
-            log.warning("markers partition %d offset %d skipped: %s", self.partition, offset, exc)
+            self._bad(offset, exc)
             return
+        if pb.type != BATCH:
+            self._apply(offset, pb, now)
+            return
+        self.stats["batch"] += 1
+        for entry in pb.batch:
+            try:
+                check(entry)
+            except MarkerDecodeError as exc:
+                self._bad(offset, exc)
+                continue
+            self._apply(offset, entry, now)
+
+    def _bad(self, offset: int, problem: object) -> None:
+        self.stats["bad_marker"] += 1
+        log.warning("markers partition %d offset %d skipped: %s", self.partition, offset, problem)
+
+    def _apply(self, offset: int, pb: marker_pb2.Marker, now: float) -> None:
         kind = pb.type
         if pb.partition > _MAX_PARTITION or pb.offset > _OFFSET_MASK:
-            self.stats["bad_marker"] += 1
-            log.warning(
-                "markers partition %d offset %d names an impossible record", self.partition, offset
-            )
+            self._bad(offset, "it names an impossible record")
             return
         self.stats[_STAT[kind]] += 1
         delivery = _key(pb.partition, pb.offset)
@@ -251,15 +265,19 @@ class PartitionState:
     def next_deadline(self) -> float | None:
         return float(self._deadlines[0].deadline) if self._deadlines else None
 
-    def commit_offset(self, settled: frozenset[int] = frozenset()) -> int | None:
+    def commit_offset(self, settled: Iterable[int] = ()) -> int | None:
         """The offset a restart must replay from: the oldest in-flight START, else the end.
 
-        ``settled``: START offsets to count as finished already (for a commit that goes in
-        the same transaction as their redelivery).
+        ``settled``: START offsets, one per delivery, to count as finished already (for a
+        commit that goes in the same transaction as their redelivery). Several STARTs can
+        share one offset (a BATCH record), so they are counted, not just looked up.
         """
+        pending = Counter(settled)
         for start in self._starts:
-            if start not in settled:
-                return int(start)
+            if pending[start] > 0:
+                pending[start] -= 1
+                continue
+            return int(start)
         return self.position
 
     @property

@@ -17,6 +17,7 @@ class MarkerType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REDELIVERED: _ClassVar[MarkerType]
     RELEASE: _ClassVar[MarkerType]
     DEAD_LETTERED: _ClassVar[MarkerType]
+    BATCH: _ClassVar[MarkerType]
 MARKER_TYPE_UNSPECIFIED: MarkerType
 START: MarkerType
 KEEPALIVE: MarkerType
@@ -25,6 +26,7 @@ NACK: MarkerType
 REDELIVERED: MarkerType
 RELEASE: MarkerType
 DEAD_LETTERED: MarkerType
+BATCH: MarkerType
 
 class Header(_message.Message):
     __slots__ = ("key", "value")
@@ -35,7 +37,7 @@ class Header(_message.Message):
     def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
 
 class Marker(_message.Message):
-    __slots__ = ("version", "type", "queue", "partition", "offset", "message_id", "attempt", "redeliver_after_ms", "key", "value", "headers", "reason", "max_attempts", "dead_letter_queue")
+    __slots__ = ("version", "type", "queue", "partition", "offset", "message_id", "attempt", "redeliver_after_ms", "key", "value", "headers", "reason", "max_attempts", "dead_letter_queue", "batch")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +52,7 @@ class Marker(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     DEAD_LETTER_QUEUE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     version: int
     type: MarkerType
     queue: str
@@ -64,4 +67,5 @@ class Marker(_message.Message):
     reason: str
     max_attempts: int
     dead_letter_queue: str
-    def __init__(self, version: _Optional[int] = ..., type: _Optional[_Union[MarkerType, str]] = ..., queue: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., message_id: _Optional[str] = ..., attempt: _Optional[int] = ..., redeliver_after_ms: _Optional[int] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ..., reason: _Optional[str] = ..., max_attempts: _Optional[int] = ..., dead_letter_queue: _Optional[str] = ...) -> None: ...
+    batch: _containers.RepeatedCompositeFieldContainer[Marker]
+    def __init__(self, version: _Optional[int] = ..., type: _Optional[_Union[MarkerType, str]] = ..., queue: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., message_id: _Optional[str] = ..., attempt: _Optional[int] = ..., redeliver_after_ms: _Optional[int] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ..., reason: _Optional[str] = ..., max_attempts: _Optional[int] = ..., dead_letter_queue: _Optional[str] = ..., batch: _Optional[_Iterable[_Union[Marker, _Mapping]]] = ...) -> None: ...

@@ -17,7 +17,7 @@ from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 
-from kmq.markers import Marker, MarkerDecodeError, decode
+from kmq.markers import Marker, MarkerDecodeError, decode_all
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
@@ -140,7 +140,7 @@ def read_markers(bootstrap_servers: str, topic: str, timeout_s: float = 10.0) ->
             for batch in consumer.poll(timeout_ms=200).values():
                 for record in batch:
                     with contextlib.suppress(MarkerDecodeError):
-                        markers.append(decode(record.value))
+                        markers.extend(decode_all(record.value))
             for tp in tps:
                 highwater = consumer.highwater(tp)
                 if highwater is not None and consumer.position(tp) >= highwater:
