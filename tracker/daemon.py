@@ -269,47 +269,62 @@ class Tracker:
     def _with_payloads(self, actions: list[Redeliver]) -> list[Redeliver]:
         """Fill in key, value and headers from each START marker, re-read from the log: the
         state does not keep payloads, so its memory does not grow with their size."""
+        by_partition: dict[int, list[Redeliver]] = {}
+        for action in actions:
+            by_partition.setdefault(action.marker_partition, []).append(action)
         loaded = []
-        for action in sorted(actions, key=lambda a: (a.marker_partition, a.start_offset)):
+        for partition, wanted in by_partition.items():
             try:
-                start = self._read_start(
-                    action.marker_partition, action.start_offset, action.delivery
-                )
+                starts: dict[tuple[int, int], Marker] = {}
+                for cluster in _clusters(wanted):
+                    starts.update(self._read_starts(partition, cluster))
             except KafkaError as exc:
-                log.warning("cannot re-read START of %s (%r); retrying", action.message_id, exc)
-                self._state_failed(action)
+                log.warning("cannot re-read STARTs in markers %d (%r); retrying", partition, exc)
+                for action in wanted:
+                    self._state_failed(action)
                 continue
-            if start is None:
-                # Only retention deleting a START still in flight leads here.
-                log.error(
-                    "START of %s at markers %d:%d is gone; it cannot be redelivered",
-                    action.message_id, action.marker_partition, action.start_offset,
-                )  # fmt: skip
-                self._drop_unrecoverable(action)
-                continue
-            loaded.append(complete(action, start))
+            for action in wanted:
+                start = starts.get(action.delivery)
+                if start is None:
+                    # Only retention deleting a START still in flight leads here.
+                    log.error(
+                        "START of %s at markers %d:%d is gone; it cannot be redelivered",
+                        action.delivery, partition, action.start_offset,
+                    )  # fmt: skip
+                    self._drop_unrecoverable(action)
+                    continue
+                loaded.append(complete(action, start))
         return loaded
 
-    def _read_start(self, partition: int, offset: int, delivery: tuple[int, int]) -> Marker | None:
-        """The START marker of ``delivery`` in the record at ``offset`` (plain or BATCH)."""
+    def _read_starts(
+        self, partition: int, wanted: list[Redeliver]
+    ) -> dict[tuple[int, int], Marker]:
+        """The START markers of ``wanted``, read in one forward scan of the markers partition
+        from the lowest START offset to the highest (plain or BATCH records)."""
+        offsets = {action.start_offset for action in wanted}
+        deliveries = {action.delivery for action in wanted}
+        first, last = min(offsets), max(offsets)
         tp = TopicPartition(self.config.marker_topic, partition)
         self._reader.assign([tp])
-        self._reader.seek(tp, offset)
+        self._reader.seek(tp, first)
+        found: dict[tuple[int, int], Marker] = {}
         deadline = time.monotonic() + self.config.request_timeout_ms / 1000
         while time.monotonic() < deadline:
-            for batch in self._reader.poll(timeout_ms=200, max_records=1).values():
+            for batch in self._reader.poll(timeout_ms=200).values():
                 for record in batch:
-                    if record.offset != offset:
-                        return None
-                    try:
-                        markers = decode_all(record.value)
-                    except MarkerDecodeError:
-                        return None
-                    for marker in markers:
-                        if marker.type is MarkerType.START and marker.delivery == delivery:
-                            return marker
-                    return None
-        raise KafkaTimeoutError(f"markers {partition}:{offset} not fetched in time")
+                    if record.offset in offsets:
+                        with contextlib.suppress(MarkerDecodeError):
+                            for marker in decode_all(record.value):
+                                if marker.type is MarkerType.START and (
+                                    marker.delivery in deliveries
+                                ):
+                                    found.setdefault(marker.delivery, marker)
+                    if record.offset >= last:
+                        return found
+            highwater = self._reader.highwater(tp)
+            if highwater is not None and self._reader.position(tp) >= highwater:
+                return found  # the log ends before ``last``: what is missing is gone
+        raise KafkaTimeoutError(f"markers {partition}:{first}-{last} not fetched in time")
 
     def _drop_unrecoverable(self, action: Redeliver) -> None:
         state = self._states.get(action.marker_partition)
@@ -414,6 +429,20 @@ class Tracker:
             )
         self._caught_up.clear()
         log.info("assigned partitions %s", self.partitions())
+
+
+_SCAN_GAP = 5000
+"""START offsets further apart than this are fetched by separate seeks, not one scan."""
+
+
+def _clusters(actions: list[Redeliver]) -> list[list[Redeliver]]:
+    ordered = sorted(actions, key=lambda a: a.start_offset)
+    clusters: list[list[Redeliver]] = [[ordered[0]]]
+    for action in ordered[1:]:
+        if action.start_offset - clusters[-1][-1].start_offset > _SCAN_GAP:
+            clusters.append([])
+        clusters[-1].append(action)
+    return clusters
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
