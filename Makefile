@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,spark]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -35,3 +35,11 @@ proto: setup  ## regenerate kmq/_proto from proto/marker.proto
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+.PHONY: bench bench-quick
+
+bench: setup  ## the full benchmark (~15 min): bench/results/full.{json,md}
+	$(BIN)/python -m bench
+
+bench-quick: setup  ## the benchmark in under 2 minutes: bench/results/quick.{json,md}
+	$(BIN)/python -m bench --quick

@@ -1,0 +1,100 @@
+"""Section 1: end-to-end throughput, kmq beside raw Kafka, with 1, 4 and 16 logical queues."""
+
+from __future__ import annotations
+
+from bench.common import JSON, Context, median, ratio
+from bench.pipeline import Run, run_pipeline
+
+QUEUE_COUNTS = (1, 4, 16)
+
+
+def _counts(quick: bool) -> dict[int, int]:
+    if quick:
+        return {1: 6_000, 4: 6_000, 16: 3_200}
+    return {1: 40_000, 4: 32_000, 16: 16_000}
+
+
+def _summary(runs: list[JSON]) -> JSON:
+    rates = [r["acked_per_s"] for r in runs]
+    return {
+        "acked_per_s": median(rates),
+        "samples": rates,
+        "produce_per_s": median([r["produce_per_s"] for r in runs]),
+        "tracker_rss_kb": runs[-1].get("tracker_rss_kb"),
+        "consumer_rss_kb": runs[-1]["consumed"].get("rss_kb"),
+        "duplicates": sum(r["consumed"]["duplicates"] for r in runs),
+        "incomplete": [r["incomplete"] for r in runs if "incomplete" in r],
+        "cpu_us_per_msg": {
+            k: median([r["cpu_us_per_msg"][k] for r in runs]) for k in runs[0]["cpu_us_per_msg"]
+        },
+    }
+
+
+def run(ctx: Context) -> JSON:
+    repeats = 1 if ctx.quick else 3
+    counts = _counts(ctx.quick)
+    rows: list[JSON] = []
+    for queues in QUEUE_COUNTS:
+        samples: dict[str, list[JSON]] = {"raw": [], "kmq": []}
+        for rep in range(repeats):
+            order = ("raw", "kmq") if rep % 2 == 0 else ("kmq", "raw")
+            for side in order:
+                spec = Run(side=side, queues=queues, count=counts[queues])
+                ctx.say(f"e2e {spec.label} (rep {rep + 1}/{repeats})")
+                result = run_pipeline(ctx, spec)
+                ctx.say(f"  -> {result['acked_per_s']:,.0f} acked msgs/s")
+                samples[side].append(result)
+        raw, kmq = _summary(samples["raw"]), _summary(samples["kmq"])
+        rows.append(
+            {
+                "queues": queues,
+                "messages": counts[queues],
+                "raw": raw,
+                "kmq": kmq,
+                "ratio": ratio(kmq["acked_per_s"], raw["acked_per_s"]),
+            }
+        )
+    extra: list[JSON] = []
+    if not ctx.quick:
+        spec = Run(side="kmq", queues=1, count=2_000, ack_wait=True)
+        ctx.say(f"e2e {spec.label} with ack(wait=True)")
+        result = run_pipeline(ctx, spec)
+        ctx.say(f"  -> {result['acked_per_s']:,.0f} acked msgs/s")
+        extra.append(
+            {
+                "queues": 1,
+                "messages": spec.count,
+                "ack_wait": True,
+                "kmq": _summary([result]),
+                "raw_acked_per_s": rows[0]["raw"]["acked_per_s"],
+                "ratio": ratio(result["acked_per_s"], rows[0]["raw"]["acked_per_s"]),
+            }
+        )
+    return {
+        "settings": {
+            "payload_bytes": 100,
+            "ack": "msg.ack(wait=False); ENDs flushed before the clock stops",
+            "partitions": 4,
+            "max_in_flight": 500,
+            "repeats": repeats,
+            "raw_topology": "one topic and one consumer group per logical queue",
+            "kmq_topology": "one queue topic; one consumer group per logical queue, each "
+            "reading the whole topic; one tracker process",
+        },
+        "rows": rows,
+        "ack_wait": extra,
+    }
+
+
+def max_rates(ctx: Context) -> tuple[float, float]:
+    """(raw, kmq) single-queue max throughput: from section 1 if it ran, else measured."""
+    e2e = ctx.results.get("e2e")
+    if e2e:
+        row = e2e["rows"][0]
+        return row["raw"]["acked_per_s"], row["kmq"]["acked_per_s"]
+    count = 4_000 if ctx.quick else 20_000
+    found: list[float] = []
+    for side in ("raw", "kmq"):
+        ctx.say(f"calibrating {side} max throughput ({count} messages, 1 queue)")
+        found.append(run_pipeline(ctx, Run(side=side, queues=1, count=count))["acked_per_s"])
+    return found[0], found[1]

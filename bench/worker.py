@@ -1,0 +1,539 @@
+"""Child processes of the benchmark: ``python -m bench.worker ROLE '<json args>'``.
+
+Every role prints JSON lines on stdout: ``{"event": "ready"}`` once it is set up, then
+``{"event": "result", ...}``, or ``{"event": "error", ...}``. Each measured role runs in its own
+process so that producer, consumers and tracker never share a GIL, and so py-spy can attach
+to exactly one of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.common import JSON, make_payload, read_payload
+
+# -- plumbing ---------------------------------------------------------------------------
+
+_out_lock = threading.Lock()
+
+
+def emit(event: str, **fields: Any) -> None:
+    with _out_lock:
+        sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
+        sys.stdout.flush()
+
+
+def _wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.02)
+
+
+# -- producers --------------------------------------------------------------------------
+
+RAW_PRODUCER_SETTINGS: JSON = {
+    # The same settings as kmq's shared producer (kmq/service.py), so only kmq differs.
+    "acks": "all",
+    "enable_idempotence": True,
+    "linger_ms": 2,
+    "max_request_size": 1_000_000,
+    "request_timeout_ms": 30_000,
+}
+
+
+def _raw_producer(bootstrap_servers: str, topics: list[str]) -> Any:
+    from kafka import KafkaProducer
+
+    kp = KafkaProducer(
+        bootstrap_servers=bootstrap_servers,
+        client_id="bench-raw-producer",
+        **RAW_PRODUCER_SETTINGS,
+    )
+    for topic in topics:
+        _wait_for(lambda t=topic: bool(kp.partitions_for(t)), 30, f"partitions of {topic}")
+    return kp
+
+
+def _kmq_service(a: JSON, **overrides: Any) -> Any:
+    from kmq import Service
+
+    settings: JSON = {
+        "bootstrap_servers": a["bootstrap_servers"],
+        "queue_topic": a["queue_topic"],
+        "marker_topic": a["marker_topic"],
+        "session_timeout_ms": a["session_timeout_ms"],
+        "redelivery_timeout_s": a.get("lease_s", 30.0),
+        "create_topics": False,
+    }
+    settings.update(overrides)
+    return Service(**settings)
+
+
+def role_produce(a: JSON) -> None:
+    """Send ``count`` stamped payloads round-robin over topics (raw) or queues (kmq),
+    unpaced or at ``rate`` messages per second, then flush."""
+    count: int = a["count"]
+    size: int = a.get("size", 100)
+    rate: float = a.get("rate", 0.0)
+    send: Callable[[int, bytes], None]
+    if a["side"] == "raw":
+        topics: list[str] = a["topics"]
+        partitions: int = a["partitions"]
+        kp = _raw_producer(a["bootstrap_servers"], topics)
+        n = len(topics)
+
+        def send(i: int, payload: bytes) -> None:
+            kp.send(topics[i % n], key=b"q", value=payload, partition=(i // n) % partitions)
+
+        def flush() -> None:
+            kp.flush()
+
+        def close() -> None:
+            kp.close(timeout=10)
+
+    else:
+        svc = _kmq_service(a)
+        producers = [svc.queue(q).producer() for q in a["queues"]]
+        svc.kafka_producer()
+        svc.queue_partition_count()
+        n = len(producers)
+
+        def send(i: int, payload: bytes) -> None:
+            producers[i % n].send(payload, wait=False)
+
+        def flush() -> None:
+            producers[0].flush()
+
+        def close() -> None:
+            svc.close(timeout_s=10)
+
+    emit("ready")
+    cpu0 = time.process_time()
+    first = time.monotonic()
+    for i in range(count):
+        if rate > 0:
+            delay = first + i / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+        send(i, make_payload(i, size))
+    last = time.monotonic()
+    flush()
+    flushed = time.monotonic()
+    cpu_s = time.process_time() - cpu0
+    close()
+    emit(
+        "result",
+        count=count,
+        first_send=first,
+        last_send=last,
+        flushed=flushed,
+        cpu_s=cpu_s,
+    )
+
+
+# -- consumers --------------------------------------------------------------------------
+
+
+@dataclass
+class _Tally:
+    """What one consuming thread saw; merged by the main thread at the end."""
+
+    quota: int
+    acked: set[int] = field(default_factory=set)
+    duplicates: int = 0
+    first_recv: float | None = None
+    last_ack: float | None = None
+    latency_ms: list[float] = field(default_factory=list)
+    recv_at: dict[str, float] = field(default_factory=dict)
+    dropped_at: dict[int, float] = field(default_factory=dict)
+    redelivered_at: dict[int, float] = field(default_factory=dict)
+    redeliveries: int = 0
+    spurious: int = 0
+    first_attempt_last_ack: float | None = None
+    error: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return len(self.acked) >= self.quota
+
+
+def _merge(tallies: list[_Tally], warmup: int) -> JSON:
+    firsts = [t.first_recv for t in tallies if t.first_recv is not None]
+    lasts = [t.last_ack for t in tallies if t.last_ack is not None]
+    fa_lasts = [t.first_attempt_last_ack for t in tallies if t.first_attempt_last_ack is not None]
+    latency: list[float] = []
+    for t in tallies:
+        latency.extend(t.latency_ms[warmup:])
+    return {
+        "acked": sum(len(t.acked) for t in tallies),
+        "duplicates": sum(t.duplicates for t in tallies),
+        "first_recv": min(firsts) if firsts else None,
+        "last_ack": max(lasts) if lasts else None,
+        "first_attempt_last_ack": max(fa_lasts) if fa_lasts else None,
+        "latency_ms": latency,
+        "redeliveries": sum(t.redeliveries for t in tallies),
+        "spurious_redeliveries": sum(t.spurious for t in tallies),
+        "errors": [t.error for t in tallies if t.error],
+    }
+
+
+def role_consume_raw(a: JSON) -> None:
+    """One KafkaConsumer (own group, own thread) per topic: poll, read, commit each batch."""
+    from kafka import KafkaConsumer
+
+    topics: list[str] = a["topics"]
+    quota = a["count"] // len(topics)
+    session_ms: int = a["session_timeout_ms"]
+    deadline = time.monotonic() + a["timeout_s"]
+    tallies = [_Tally(quota) for _ in topics]
+    ready = [threading.Event() for _ in topics]
+
+    def run(i: int) -> None:
+        tally = tallies[i]
+        try:
+            kc = KafkaConsumer(
+                topics[i],
+                bootstrap_servers=a["bootstrap_servers"],
+                client_id="bench-raw-consumer",
+                group_id=f"{a['group_prefix']}.{topics[i]}",
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                session_timeout_ms=session_ms,
+                heartbeat_interval_ms=max(100, session_ms // 4),
+                request_timeout_ms=max(30_000, session_ms + 5000),
+                fetch_max_wait_ms=100,
+            )
+            try:
+                while not tally.done and time.monotonic() < deadline:
+                    records = kc.poll(timeout_ms=100, max_records=a["max_records"])
+                    if not ready[i].is_set() and kc.assignment():
+                        ready[i].set()
+                    if not records:
+                        continue
+                    now_ns = time.monotonic_ns()
+                    if tally.first_recv is None:
+                        tally.first_recv = now_ns / 1e9
+                    for batch in records.values():
+                        for record in batch:
+                            seq, sent_ns = read_payload(record.value)
+                            if seq in tally.acked:
+                                tally.duplicates += 1
+                                continue
+                            tally.acked.add(seq)
+                            tally.latency_ms.append((now_ns - sent_ns) / 1e6)
+                    kc.commit()
+                    tally.last_ack = time.monotonic()
+            finally:
+                kc.close(autocommit=False)
+        except Exception as exc:
+            tally.error = repr(exc)
+            ready[i].set()
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(topics))]
+    for thread in threads:
+        thread.start()
+    _wait_for(lambda: all(e.is_set() for e in ready), 60, "raw consumers to join")
+    emit("ready")
+    cpu0 = time.process_time()
+    for thread in threads:
+        thread.join()
+    merged = _merge(tallies, a.get("warmup", 0))
+    merged["done"] = merged["last_ack"]
+    merged["cpu_s"] = time.process_time() - cpu0
+    _finish_consumer(a, merged)
+
+
+def _abandon(consumer: Any, message: Any) -> None:
+    """Lose a received message the way a crashed consumer would: it stays STARTed, but no
+    END, NACK or KEEPALIVE is ever written for it, so its lease runs out at the tracker.
+
+    A live kmq consumer keeps every held message alive, so dropping one without a crash
+    needs kmq's private state; this is benchmark-only code.
+    """
+    from kmq.message import State
+
+    with consumer._cond:
+        consumer._held.pop((message.partition, message.offset), None)
+        message._state = State.RELEASED
+
+
+def _unsent_markers(consumer: Any) -> int:
+    """Markers a kmq consumer holds back to batch them (private state; 0 if it does not)."""
+    writer = getattr(consumer, "_writer", None)
+    return int(getattr(writer, "pending", 0))
+
+
+def role_consume_kmq(a: JSON) -> None:
+    """One kmq consumer (and one application thread) per logical queue: receive, ack."""
+    queues: list[str] = a["queues"]
+    quota = a["count"] // len(queues)
+    deadline = time.monotonic() + a["timeout_s"]
+    ack_wait: bool = a.get("ack_wait", False)
+    drop_pct: int = a.get("drop_pct", 0)
+    want_ids: bool = a.get("record_ids", False)
+    svc = _kmq_service(a)
+    consumers = [
+        svc.queue(q).consumer(
+            max_in_flight=a["max_in_flight"],
+            poll_timeout_ms=100,
+            **a.get("consumer_options", {}),
+        )
+        for q in queues
+    ]
+    tallies = [_Tally(quota) for _ in queues]
+
+    def run(i: int) -> None:
+        consumer, tally = consumers[i], tallies[i]
+        try:
+            while not tally.done and time.monotonic() < deadline:
+                message = consumer.receive(timeout_s=0.2)
+                if message is None:
+                    continue
+                now_ns = time.monotonic_ns()
+                now = now_ns / 1e9
+                if tally.first_recv is None:
+                    tally.first_recv = now
+                seq, sent_ns = read_payload(message.payload)
+                if message.attempt > 1:
+                    tally.redeliveries += 1
+                    if seq in tally.dropped_at:
+                        tally.redelivered_at.setdefault(seq, now)
+                    else:
+                        tally.spurious += 1
+                elif drop_pct and seq % 100 < drop_pct:
+                    tally.dropped_at[seq] = now
+                    _abandon(consumer, message)
+                    continue
+                message.ack(wait=ack_wait)
+                tally.last_ack = time.monotonic()
+                if message.attempt == 1:
+                    tally.first_attempt_last_ack = tally.last_ack
+                    tally.latency_ms.append((now_ns - sent_ns) / 1e6)
+                    if want_ids:
+                        tally.recv_at[message.id] = now
+                if seq in tally.acked:
+                    tally.duplicates += 1
+                tally.acked.add(seq)
+        except Exception as exc:
+            tally.error = repr(exc)
+
+    _wait_for(lambda: all(c.assignment() for c in consumers), 60, "kmq consumers to join")
+    emit("ready")
+    cpu0 = time.process_time()
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(queues))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    # Every END marker on the broker: out of the consumer's own buffer (if this kmq batches
+    # markers, its loop sends them within poll_timeout_ms), then out of the Kafka producer.
+    _wait_for(lambda: not any(_unsent_markers(c) for c in consumers), 30, "buffered markers")
+    svc.kafka_producer().flush(timeout=30)
+    flushed = time.monotonic()
+    merged = _merge(tallies, a.get("warmup", 0))
+    merged["done"] = flushed
+    merged["cpu_s"] = time.process_time() - cpu0
+    if drop_pct:
+        lease_s: float = a["lease_s"]
+        delays: list[float] = []
+        missing = 0
+        for t in tallies:
+            for seq, dropped in t.dropped_at.items():
+                again = t.redelivered_at.get(seq)
+                if again is None:
+                    missing += 1
+                else:
+                    delays.append((again - dropped - lease_s) * 1000)
+        merged["dropped"] = sum(len(t.dropped_at) for t in tallies)
+        merged["redelivery_delay_beyond_lease_ms"] = delays
+        merged["never_redelivered"] = missing
+    if want_ids:
+        recv_at: dict[str, float] = {}
+        for t in tallies:
+            recv_at.update(t.recv_at)
+        with open(a["samples_path"], "w") as out:
+            json.dump(recv_at, out)
+    for consumer in consumers:
+        consumer.close(timeout_s=10)
+    svc.close(timeout_s=10)
+    _finish_consumer(a, merged)
+
+
+def _finish_consumer(a: JSON, merged: JSON) -> None:
+    from bench.common import rss_kb, summarize
+
+    latency = merged.pop("latency_ms")
+    delays = merged.pop("redelivery_delay_beyond_lease_ms", None)
+    merged["latency_ms"] = summarize(latency) if a.get("latency") else None
+    if delays is not None:
+        merged["redelivery_delay_beyond_lease_ms"] = summarize(delays)
+    merged["rss_kb"] = rss_kb(os.getpid())
+    emit("result", **merged)
+
+
+# -- an instrumented tracker ------------------------------------------------------------
+
+
+def role_tracker_probe(a: JSON) -> None:
+    """The real tracker (tracker.daemon.Tracker), plus a note of when each END marker
+    reaches its state object: the moment an ack becomes visible to the tracker."""
+    import kmq.markers as markers_mod
+    from kmq.markers import MarkerType
+    from tracker.config import TrackerConfig
+    from tracker.daemon import Tracker
+    from tracker.state import PartitionState
+
+    seen: dict[str, float] = {}
+    original = PartitionState.on_record
+
+    decode_all = getattr(markers_mod, "decode_all", None)  # records may hold BATCHes
+
+    def on_record(self: PartitionState, offset: int, value: bytes | None, now: float) -> None:
+        original(self, offset, value, now)
+        try:
+            found = decode_all(value) if decode_all else [markers_mod.decode(value)]
+        except Exception:
+            return
+        for marker in found:
+            if marker.type is MarkerType.END:
+                seen.setdefault(marker.message_id, now)
+
+    PartitionState.on_record = on_record  # type: ignore[method-assign]
+    tracker = Tracker(
+        TrackerConfig(
+            bootstrap_servers=a["bootstrap_servers"],
+            queue_topic=a["queue_topic"],
+            marker_topic=a["marker_topic"],
+            group_id=a["group_id"],
+            default_redelivery_timeout_s=a.get("lease_s", 30.0),
+            session_timeout_ms=a["session_timeout_ms"],
+            **({"transactional": True} if a.get("transactional") else {}),
+        )
+    )
+    signal.signal(signal.SIGTERM, lambda signum, frame: tracker.stop())
+
+    def announce() -> None:
+        if tracker.wait_caught_up(60):
+            emit("ready")
+
+    threading.Thread(target=announce, daemon=True).start()
+    tracker.run()
+    with open(a["samples_path"], "w") as out:
+        json.dump(seen, out)
+    emit("result", ends_seen=len(seen), stats=dict(tracker.stats()))
+
+
+# -- section 5: producer throughput -----------------------------------------------------
+
+
+def role_producer_bench(a: JSON) -> None:
+    """Raw KafkaProducer and kmq.Producer, alternately, per payload size and mode."""
+    topic: str = a["raw_topic"]
+    partitions: int = a["partitions"]
+    kp = _raw_producer(a["bootstrap_servers"], [topic])
+    svc = _kmq_service(a)
+    producer = svc.queue("bench").producer()
+    svc.kafka_producer()
+    svc.queue_partition_count()
+    rr = [0]
+
+    def raw_send(payload: bytes, wait: bool) -> None:
+        rr[0] += 1
+        future = kp.send(topic, key=b"bench", value=payload, partition=rr[0] % partitions)
+        if wait:
+            future.get(timeout=30)
+
+    def kmq_send(payload: bytes, wait: bool) -> None:
+        producer.send(payload, wait=wait)
+
+    sides: dict[str, tuple[Callable[[bytes, bool], None], Callable[[], None]]] = {
+        "raw": (raw_send, kp.flush),
+        "kmq": (kmq_send, producer.flush),
+    }
+    for side in sides.values():  # connections, metadata, first batches
+        for _ in range(50):
+            side[0](b"w" * 100, False)
+        side[1]()
+    emit("ready")
+    cases: list[JSON] = []
+    for size in a["sizes"]:
+        payload = b"p" * size
+        for mode in ("async", "sync"):
+            if mode == "async":
+                count = max(1000, min(a["async_count"], a["async_bytes"] // size))
+            else:
+                count = a["sync_count"]
+            order = ("raw", "kmq") if len(cases) % 4 == 0 else ("kmq", "raw")
+            for name in order:
+                send, flush = sides[name]
+                start = time.perf_counter()
+                for _ in range(count):
+                    send(payload, mode == "sync")
+                flush()
+                elapsed = time.perf_counter() - start
+                cases.append(
+                    {
+                        "side": name,
+                        "size": size,
+                        "mode": mode,
+                        "count": count,
+                        "seconds": elapsed,
+                        "msgs_per_s": count / elapsed,
+                        "mb_per_s": count * size / elapsed / 1e6,
+                    }
+                )
+    kp.close(timeout=10)
+    svc.close(timeout_s=10)
+    emit("result", cases=cases)
+
+
+# -- section 4: the tracker's pure core -------------------------------------------------
+
+
+def role_tracker_core(a: JSON) -> None:
+    from bench.tracker_core import run_core
+
+    emit("result", **run_core(a))
+
+
+def role_tracker_rss(a: JSON) -> None:
+    from bench.tracker_core import run_rss
+
+    emit("result", **run_rss(a))
+
+
+ROLES: dict[str, Callable[[JSON], None]] = {
+    "produce": role_produce,
+    "consume-raw": role_consume_raw,
+    "consume-kmq": role_consume_kmq,
+    "tracker-probe": role_tracker_probe,
+    "producer-bench": role_producer_bench,
+    "tracker-core": role_tracker_core,
+    "tracker-rss": role_tracker_rss,
+}
+
+
+def main(argv: list[str]) -> int:
+    role, args = argv[0], json.loads(argv[1])
+    try:
+        ROLES[role](args)
+    except BaseException as exc:
+        traceback.print_exc()
+        emit("error", error=repr(exc))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
