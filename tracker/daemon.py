@@ -37,6 +37,7 @@ class Tracker:
         self._stop = threading.Event()
         self._caught_up = threading.Event()
         self._committed: dict[int, int] = {}
+        self._fresh: set[int] = set()  # assigned, first batch not read yet
         self._next_commit = 0.0
         self._next_stats = time.monotonic() + config.stats_interval_s
         self._kc = KafkaConsumer(
@@ -51,7 +52,8 @@ class Tracker:
             request_timeout_ms=max(config.request_timeout_ms, config.session_timeout_ms + 5000),
             fetch_max_wait_ms=100,
         )
-        self._kc.subscribe([config.marker_topic], listener=_Listener(self))
+        self._listener = _Listener()
+        self._kc.subscribe([config.marker_topic], listener=self._listener)
         self._txn: KafkaProducer | None = None
         if config.transactional:
             self._txn = KafkaProducer(
@@ -114,21 +116,41 @@ class Tracker:
             self.config.queue_topic,
             self.config.group_id,
         )
+        backoff_s = 0.1
         try:
             while not self._stop.is_set():
-                records = self._kc.poll(timeout_ms=self.config.poll_timeout_ms, max_records=5000)
-                now = time.monotonic()
-                for tp, batch in records.items():
-                    state = self._states.get(tp.partition)
-                    if state is not None:
-                        for record in batch:
-                            state.on_record(record.offset, record.value, now)
-                self._sync_offsets()
-                self._redeliver()
-                self._commit(force=False)
-                self._log_stats()
+                try:
+                    self._round()
+                    backoff_s = 0.1
+                except KafkaError as exc:
+                    # Broker trouble (a stall, a reset, a rebalance): keep the state, retry.
+                    log.warning("%r; retrying in %.1f s", exc, backoff_s)
+                    self._stop.wait(backoff_s)
+                    backoff_s = min(backoff_s * 2, 5.0)
         finally:
             self._shutdown()
+
+    def _round(self) -> None:
+        self._rebalanced()
+        records = self._kc.poll(timeout_ms=self.config.poll_timeout_ms, max_records=5000)
+        self._rebalanced()
+        now = time.monotonic()
+        for tp, batch in records.items():
+            state = self._states.get(tp.partition)
+            if state is None:
+                continue
+            if tp.partition in self._fresh:
+                self._fresh.discard(tp.partition)
+                if state.position is not None and batch[0].offset > state.position:
+                    # Fetched before a revoke and re-assign: read from the commit point again.
+                    self._kc.seek(tp, state.position)
+                    continue
+            for record in batch:
+                state.on_record(record.offset, record.value, now)
+        self._sync_offsets()
+        self._redeliver()
+        self._commit(force=False)
+        self._log_stats()
 
     def _sync_offsets(self) -> None:
         for partition, state in list(self._states.items()):
@@ -164,9 +186,21 @@ class Tracker:
         actions = [a for a in self._with_payloads(actions) if not self._held_by_pause(a, now)]
         if not actions:
             return
-        if self._txn is not None:
-            self._redeliver_in_transaction(actions, self._txn)
-            return
+        unfinished = {id(action): action for action in actions}
+        try:
+            if self._txn is not None:
+                self._redeliver_in_transaction(actions, self._txn)
+                unfinished.clear()
+            else:
+                self._redeliver_plainly(actions, unfinished)
+        finally:
+            # Whatever did not get through is due again: never leave one marked in progress.
+            for action in unfinished.values():
+                self._state_failed(action)
+
+    def _redeliver_plainly(
+        self, actions: list[Redeliver], unfinished: dict[int, Redeliver]
+    ) -> None:
         timeout_s = self.config.request_timeout_ms / 1000
         copies = [(action, self._send_copy(self._producer, action)) for action in actions]
         records = []
@@ -175,15 +209,20 @@ class Tracker:
                 future.get(timeout=timeout_s)
             except KafkaError as exc:
                 log.warning("redelivery of %s failed (%r); retrying", action.message_id, exc)
-                self._state_failed(action)
                 continue
-            records.append((action, self._send_marker(self._producer, action)))
+            # The copy is out: from here on the delivery counts as done, marker or not.
+            del unfinished[id(action)]
+            try:
+                records.append((action, self._send_marker(self._producer, action)))
+            except KafkaError as exc:
+                log.error("marker for %s not written (%r)", action.message_id, exc)
+                self._done(action)
         for action, future in records:
             try:
                 future.get(timeout=timeout_s)
             except KafkaError as exc:
-                # The copy is out, so nothing is lost; without the marker a restarted tracker
-                # may redeliver it once more.
+                # Nothing is lost; without the marker a restarted tracker may redeliver it once
+                # more.
                 log.error("marker for %s not written (%r)", action.message_id, exc)
             self._done(action)
 
@@ -406,27 +445,42 @@ class Tracker:
 
     # -- rebalance --------------------------------------------------------------------
 
-    def _on_revoked(self, revoked: Iterable[TopicPartition]) -> None:
-        partitions = [tp.partition for tp in revoked if tp.partition in self._states]
+    def _rebalanced(self) -> None:
+        """Apply the rebalances the listener saw, in order, on the run loop's thread."""
+        for assigned, partitions in self._listener.take():
+            if assigned:
+                self._on_assigned(partitions)
+            else:
+                self._on_revoked(partitions)
+
+    def _on_revoked(self, revoked: list[int]) -> None:
+        partitions = [p for p in revoked if p in self._states]
         if not partitions:
             return
+        # May fail (the group has moved on): the next owner then replays a little more.
         self._commit(force=True, partitions=partitions)
         for partition in partitions:
+            self._fresh.discard(partition)
             state = self._states.pop(partition)
             self._retired.update(state.stats)
             self._committed.pop(partition, None)
         self._caught_up.clear()
         log.info("revoked partitions %s", sorted(partitions))
 
-    def _on_assigned(self, assigned: Iterable[TopicPartition]) -> None:
-        for tp in assigned:
-            if tp.partition in self._states:
+    def _on_assigned(self, assigned: list[int]) -> None:
+        for partition in assigned:
+            if partition in self._states:
                 continue
-            self._states[tp.partition] = PartitionState(
-                tp.partition,
+            state = self._states[partition] = PartitionState(
+                partition,
                 default_lease_s=self.config.default_redelivery_timeout_s,
                 keep_payloads=False,
             )
+            # Replay exactly from the committed offset, whatever was fetched before.
+            committed = self._kc.committed(TopicPartition(self.config.marker_topic, partition))
+            if committed is not None:
+                state.set_position(committed)
+            self._fresh.add(partition)
         self._caught_up.clear()
         log.info("assigned partitions %s", self.partitions())
 
@@ -446,11 +500,22 @@ def _clusters(actions: list[Redeliver]) -> list[list[Redeliver]]:
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, tracker: Tracker) -> None:
-        self._tracker = tracker
+    """Only records what happened. kafka-python 3 calls it on its IO thread, where neither
+    a blocking commit nor touching the tracker's state (owned by the run loop) is safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: list[tuple[bool, list[int]]] = []
 
     def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
-        self._tracker._on_revoked(revoked)
+        with self._lock:
+            self._events.append((False, [tp.partition for tp in revoked]))
 
     def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
-        self._tracker._on_assigned(assigned)
+        with self._lock:
+            self._events.append((True, [tp.partition for tp in assigned]))
+
+    def take(self) -> list[tuple[bool, list[int]]]:
+        with self._lock:
+            events, self._events = self._events, []
+        return events
