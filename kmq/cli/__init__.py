@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from kmq.cli.audit import audit
 from kmq.cli.demo import demo
 from kmq.cli.dev import dev
 from kmq.cli.dlq import dlq
@@ -22,3 +23,4 @@ main.add_command(demo)
 main.add_command(dlq)
 main.add_command(pause)
 main.add_command(resume)
+main.add_command(audit)

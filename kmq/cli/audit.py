@@ -1,0 +1,119 @@
+"""``kmq audit``: the PySpark job that checks every message's fate from the topics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from kmq.cli.options import connection_options
+
+EXIT_CHECK_FAILED = 3
+
+
+def _pairs(values: tuple[str, ...], what: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint=what)
+        out[key.strip()] = value
+    return out
+
+
+@click.command()
+@connection_options
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Directory for summary.json and report.html.",
+)
+@click.option(
+    "--master",
+    default=None,
+    help="Spark master URL, e.g. spark://host:7077 [default: local[*], or spark-submit's].",
+)
+@click.option("--queue", "queues", multiple=True, help="Audit only this queue (repeatable).")
+@click.option(
+    "--check",
+    type=click.Choice(["none", "no-loss", "settled"]),
+    default="none",
+    help="Exit with status 3 unless no message is lost (no-loss), or unless every sent "
+    "message is acked or dead-lettered (settled).",
+)
+@click.option("--samples", type=click.IntRange(0, 10_000), default=20,
+              help="List this many of the oldest unsettled messages per status.")  # fmt: skip
+@click.option("--max-records-per-split", type=click.IntRange(1000), default=100_000)
+@click.option("--no-html", is_flag=True, help="Write summary.json only.")
+@click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE", help="Spark setting.")
+@click.option("--kafka", "kafkas", multiple=True, metavar="KEY=VALUE",
+              help="kafka-python setting, e.g. security_protocol=SSL.")  # fmt: skip
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
+def audit(
+    bootstrap_servers: str,
+    queue_topic: str,
+    marker_topic: str,
+    output: Path,
+    master: str | None,
+    queues: tuple[str, ...],
+    check: str,
+    samples: int,
+    max_records_per_split: int,
+    no_html: bool,
+    confs: tuple[str, ...],
+    kafkas: tuple[str, ...],
+    quiet: bool,
+) -> None:
+    """Audit the queue and markers topics with PySpark: was every message processed?
+
+    Writes OUTPUT/summary.json (machine-readable) and OUTPUT/report.html. Runs on a local
+    Spark session unless --master (or spark-submit) says otherwise.
+    """
+    # Spark is imported here, not at module import: `kmq --help` stays fast without it.
+    try:
+        from kmq.audit.job import AuditConfig, run_audit
+        from kmq.audit.summary import check_failures
+        from kmq.spark.session import get_session
+    except ImportError as exc:
+        raise click.ClickException(
+            f"kmq audit needs the spark extra: pip install 'kmq[spark]' ({exc})"
+        ) from exc
+    from kmq.errors import KmqError
+
+    config = AuditConfig(
+        bootstrap_servers=bootstrap_servers,
+        output=output,
+        queue_topic=queue_topic,
+        marker_topic=marker_topic,
+        queues=queues,
+        max_records_per_split=max_records_per_split,
+        samples=samples,
+        html=not no_html,
+        kafka=_pairs(kafkas, "--kafka"),
+    )
+
+    def say(line: str) -> None:
+        if not quiet:
+            click.echo(line, err=True)
+
+    say("starting Spark ...")
+    spark = get_session(master, app_name="kmq-audit", conf=_pairs(confs, "--conf"))
+    say(f"Spark {spark.version}, master {spark.sparkContext.master}")
+    try:
+        summary = run_audit(spark, config, say)
+    except KmqError as exc:
+        raise click.ClickException(str(exc)) from exc
+    o = summary["overall"]
+    click.echo(
+        f"sent={o['sent']} acked={o['acked']} dead_lettered={o['dead_lettered']} "
+        f"in_flight={o['in_flight']} pending={o['pending']} "
+        f"awaiting_redelivery={o['awaiting_redelivery']} lost={o['lost']} "
+        f"redelivered={o['redelivered']} duplicate_deliveries={o['duplicate_deliveries']}"
+    )
+    click.echo(f"wrote {output / 'summary.json'}" + ("" if no_html else " and report.html"))
+    failures = check_failures(summary, check)
+    if failures:
+        click.echo(f"check {check} failed: " + "; ".join(failures), err=True)
+        raise SystemExit(EXIT_CHECK_FAILED)

@@ -1,0 +1,197 @@
+"""format("kmq") against a real broker from a real local Spark session: both kinds of read,
+offset planning, and bulk writes that kmq consumers receive like send()'s messages."""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from kafka import KafkaProducer
+from pyspark.sql import DataFrameReader, SparkSession
+
+import kmq
+from kmq.embedded import EmbeddedBroker
+from kmq.markers import Marker, MarkerType, encode
+from kmq.records import queue_headers
+from kmq.spark import get_session
+from kmq.spark.kafka_io import partition_bounds
+from kmq.topics import ensure_topics
+
+
+@pytest.fixture(scope="module")
+def bootstrap() -> Iterator[str]:
+    external = os.environ.get("KMQ_TEST_BOOTSTRAP_SERVERS")
+    if external:
+        yield external
+        return
+    with EmbeddedBroker() as broker:
+        yield broker.bootstrap_servers
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    session = get_session("local[2]", conf={"spark.sql.shuffle.partitions": "4"})
+    yield session
+    session.stop()
+
+
+def _topics(bootstrap: str, partitions: int = 3) -> kmq.ServiceConfig:
+    tag = uuid.uuid4().hex[:8]
+    config = kmq.ServiceConfig(
+        bootstrap_servers=bootstrap,
+        queue_topic=f"ds{tag}.queue",
+        marker_topic=f"ds{tag}.markers",
+        queue_partitions=partitions,
+        marker_partitions=partitions,
+        session_timeout_ms=2000 if "KMQ_TEST_BOOTSTRAP_SERVERS" not in os.environ else 6000,
+    )
+    ensure_topics(config)
+    return config
+
+
+def _reader(spark: SparkSession, config: kmq.ServiceConfig, kind: str = "queue") -> DataFrameReader:
+    topic = config.queue_topic if kind == "queue" else config.marker_topic
+    return (
+        spark.read.format("kmq")
+        .option("kind", kind)
+        .option("bootstrap_servers", config.bootstrap_servers)
+        .option("topic", topic)
+    )
+
+
+def test_read_queue_records_sent_by_the_sdk(spark: SparkSession, bootstrap: str) -> None:
+    config = _topics(bootstrap)
+    with kmq.Service(config) as svc:
+        producer = svc.queue("orders").producer()
+        ids = [producer.send(b"order-%d" % i, {"n": b"%d" % i}) for i in range(20)]
+        other = svc.queue("emails").producer().send(b"mail")
+    df = _reader(spark, config).option("max_records_per_split", "3").load()
+    assert df.schema.simpleString() == (
+        "struct<partition:int,offset:bigint,timestamp:timestamp,queue:string,message_id:string,"
+        "attempt:int,dead_letter_origin:string,headers:array<struct<key:string,value:binary>>,"
+        "payload:binary>"
+    )
+    bounds = partition_bounds(bootstrap, config.queue_topic)
+    assert df.rdd.getNumPartitions() == sum(-(-hi // 3) for _, hi in bounds.values() if hi)
+    rows = {r["message_id"]: r for r in df.collect()}
+    assert set(rows) == {*ids, other}
+    for i, message_id in enumerate(ids):
+        row = rows[message_id]
+        assert (row["queue"], row["attempt"], bytes(row["payload"])) == (
+            "orders",
+            1,
+            b"order-%d" % i,
+        )
+        assert [(h["key"], bytes(h["value"])) for h in row["headers"]] == [("n", b"%d" % i)]
+    assert len({(r["partition"], r["offset"]) for r in rows.values()}) == 21
+    assert rows[other]["queue"] == "emails"
+    only = _reader(spark, config).option("queue", "emails").load()
+    assert [r["message_id"] for r in only.collect()] == [other]
+
+
+def test_read_stops_at_the_planned_offsets(spark: SparkSession, bootstrap: str) -> None:
+    config = _topics(bootstrap, partitions=1)
+    producer = KafkaProducer(bootstrap_servers=bootstrap)
+    for i in range(10):
+        producer.send(config.queue_topic, key=b"q", value=b"%d" % i,
+                      headers=queue_headers(f"m{i}", 1, ()), partition=0)  # fmt: skip
+    producer.flush()
+    df = (
+        _reader(spark, config)
+        .option("start_offsets", '{"0": 2}')
+        .option("end_offsets", '{"0": 5}')
+        .load()
+    )
+    assert [r["message_id"] for r in df.orderBy("offset").collect()] == ["m2", "m3", "m4"]
+    subset = _reader(spark, config).schema("offset bigint, payload binary").load()
+    assert [bytes(r["payload"]) for r in subset.orderBy("offset").collect()] == [
+        b"%d" % i for i in range(10)
+    ]
+    producer.close()
+
+
+def test_read_every_marker_field(spark: SparkSession, bootstrap: str) -> None:
+    config = _topics(bootstrap)
+    producer = KafkaProducer(bootstrap_servers=bootstrap)
+    start = Marker(MarkerType.START, "orders", 2, 17, "m1", 1, 30_000, b"orders", b"body",
+                   (("h", b"v"),), max_attempts=5, dead_letter_queue="orders.dlq")  # fmt: skip
+    nack = Marker(MarkerType.NACK, "orders", 2, 17, "m1", 1, 500, reason="later")
+    for marker in (start, nack):
+        producer.send(config.marker_topic, key=b"m1", value=encode(marker), timestamp_ms=1234)
+    producer.send(config.marker_topic, key=b"x", value=b"garbage")
+    producer.flush()
+    producer.close()
+    df = _reader(spark, config, "markers").load()
+    rows = df.orderBy("marker_partition", "marker_offset").collect()
+    good = [r.asDict() for r in rows if r["error"] is None]
+    assert [(r["type"], r["reason"], r["redeliver_after_ms"]) for r in good] == [
+        ("START", "", 30_000),
+        ("NACK", "later", 500),
+    ]
+    s = good[0]
+    assert (s["queue"], s["partition"], s["offset"], s["message_id"], s["attempt"]) == (
+        "orders", 2, 17, "m1", 1
+    )  # fmt: skip
+    assert (bytes(s["key"]), bytes(s["value"]), s["max_attempts"], s["dead_letter_queue"]) == (
+        b"orders", b"body", 5, "orders.dlq"
+    )  # fmt: skip
+    assert [(h["key"], bytes(h["value"])) for h in s["headers"]] == [("h", b"v")]
+    assert (s["version"], s["type_id"], int(s["timestamp"].timestamp() * 1000)) == (1, 1, 1234)
+    assert good[0]["marker_partition"] == good[1]["marker_partition"]  # keyed by message id
+    assert good[1]["marker_offset"] == good[0]["marker_offset"] + 1
+    [bad] = [r for r in rows if r["error"] is not None]
+    assert bad["error"].startswith("not a protobuf marker") and bad["type"] is None
+
+
+def test_write_enqueues_like_send(spark: SparkSession, bootstrap: str) -> None:
+    config = _topics(bootstrap)
+    rows = [(f"job-{i}".encode(), {"k": f"v{i}".encode()}) for i in range(30)]
+    df = spark.createDataFrame(rows, "payload binary, headers map<string,binary>").repartition(3)
+    (
+        df.write.format("kmq")
+        .option("bootstrap_servers", bootstrap)
+        .option("topic", config.queue_topic)
+        .option("marker_topic", config.marker_topic)
+        .option("queue", "jobs")
+        .mode("append")
+        .save()
+    )
+    back = {r["message_id"]: r for r in _reader(spark, config).load().collect()}
+    assert len(back) == 30 and all(re.fullmatch(r"[0-9a-f]{32}", m) for m in back)
+    assert {r["queue"] for r in back.values()} == {"jobs"}
+    assert {r["attempt"] for r in back.values()} == {1}
+    assert len({r["partition"] for r in back.values()}) == 3  # spread like send()
+    with kmq.Service(config) as svc, svc.queue("jobs").consumer() as consumer:
+        got = {}
+        while len(got) < 30:
+            message = consumer.receive(timeout_s=30)
+            assert message is not None, f"only {len(got)} of 30 messages arrived"
+            got[message.id] = message
+            message.ack()
+    assert set(got) == set(back)
+    by_payload = {m.payload: dict(m.headers) for m in got.values()}
+    assert by_payload == {p: h for p, h in rows}
+
+
+def test_write_rejects_what_send_rejects(spark: SparkSession, bootstrap: str) -> None:
+    config = _topics(bootstrap)
+    writer = (
+        spark.createDataFrame([("x", "q")], "payload string, other string")
+        .write.format("kmq")
+        .option("bootstrap_servers", bootstrap)
+        .option("topic", config.queue_topic)
+        .option("queue", "jobs")
+        .mode("append")
+    )
+    with pytest.raises(Exception, match="drop \\['other'\\]"):
+        writer.save()
+    reserved = spark.createDataFrame([("x", {"kmq.id": "forged"})], "payload string, "
+                                     "headers map<string,string>")  # fmt: skip
+    with pytest.raises(Exception, match="reserved"):
+        reserved.write.format("kmq").option("bootstrap_servers", bootstrap).option(
+            "topic", config.queue_topic
+        ).option("queue", "jobs").mode("append").save()
+    assert sum(hi for _, hi in partition_bounds(bootstrap, config.queue_topic).values()) == 0

@@ -1,0 +1,168 @@
+"""Kafka records to Arrow columns (the DataSource's decoding), without Spark or a broker."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import namedtuple
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import StructType
+
+from kmq._proto import marker_pb2
+from kmq.markers import Marker, MarkerType, encode, encode_batch
+from kmq.records import dead_letter_headers, parse_queue_headers, queue_headers
+from kmq.spark.columns import MarkerColumns, QueueColumns, _kmq_headers, marker_type_name
+from kmq.spark.schemas import MARKERS_SCHEMA, QUEUE_SCHEMA
+
+Record = namedtuple("Record", "partition offset timestamp key value headers")
+TS = 1_700_000_000_123
+
+
+def _rows(columns: Any) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = columns.flush().to_pylist()
+    return rows
+
+
+def test_queue_columns_decode_kmq_records() -> None:
+    cols = QueueColumns(to_arrow_schema(QUEUE_SCHEMA))
+    cols.extend(
+        [
+            Record(1, 7, TS, b"orders", b"hi", queue_headers("abc", 3, [("trace", b"t1")])),
+            Record(0, 2, -1, None, None, [("x", None)]),
+        ]
+    )
+    assert cols.rows == 2
+    first, other = _rows(cols)
+    assert first == {
+        "partition": 1,
+        "offset": 7,
+        "timestamp": dt.datetime.fromtimestamp(TS / 1000, dt.UTC),
+        "queue": "orders",
+        "message_id": "abc",
+        "attempt": 3,
+        "dead_letter_origin": None,
+        "headers": [{"key": "trace", "value": b"t1"}],
+        "payload": b"hi",
+    }
+    # written by something else: the id a kmq consumer would give it, attempt 1
+    assert (other["message_id"], other["attempt"], other["queue"]) == ("ext-0-2", 1, None)
+    assert other["timestamp"] is None and other["headers"] == [{"key": "x", "value": b""}]
+    assert cols.rows == 0 and _rows(cols) == []
+
+
+def test_queue_columns_name_the_origin_of_dead_letters() -> None:
+    schema = StructType([f for f in QUEUE_SCHEMA.fields if f.name in ("dead_letter_origin",)])
+    cols = QueueColumns(to_arrow_schema(schema))
+    letter = dead_letter_headers("m", "orders", 3, "x", ())
+    cols.extend([Record(0, 0, TS, b"orders.dlq", b"", letter),
+                 Record(0, 1, TS, b"orders", b"", queue_headers("n", 1, ()))])  # fmt: skip
+    assert _rows(cols) == [{"dead_letter_origin": "orders"}, {"dead_letter_origin": None}]
+
+
+def test_queue_columns_filter_one_queue_and_build_only_the_asked_columns() -> None:
+    schema = StructType([f for f in QUEUE_SCHEMA.fields if f.name in ("offset", "message_id")])
+    cols = QueueColumns(to_arrow_schema(schema), queue="b")
+    cols.extend([Record(0, i, TS, q, b"", queue_headers(f"m{i}", 1, ())) for i, q in
+                 enumerate([b"a", b"b", b"b"])])  # fmt: skip
+    assert _rows(cols) == [{"offset": 1, "message_id": "m1"}, {"offset": 2, "message_id": "m2"}]
+
+
+header_names = st.sampled_from(["kmq.id", "kmq.attempt", "kmq.dlq.origin", "u", ""])
+header_values = st.one_of(st.none(), st.sampled_from([b"", b"0", b"01", b"7", b"x", b"12"]))
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(header_names, header_values), max_size=5))
+def test_fast_header_path_agrees_with_parse_queue_headers(headers: list[Any]) -> None:
+    record = Record(3, 9, TS, b"q", b"", headers)
+    message_id, attempt, user = parse_queue_headers(headers)
+    got_id, got_attempt, got_user = _kmq_headers(record)
+    assert (got_id, got_attempt, list(got_user)) == (message_id or "ext-3-9", attempt, list(user))
+
+
+def _marker_record(offset: int, value: bytes | None) -> Record:
+    return Record(2, offset, TS, b"k", value, [])
+
+
+def test_marker_columns_keep_every_field_and_name_unknown_types() -> None:
+    start = Marker(
+        MarkerType.START, "orders", 1, 42, "m1", 2, redeliver_after_ms=30_000, key=b"orders",
+        value=b"body", headers=(("h", b"v"),), max_attempts=5, dead_letter_queue="orders.dlq",
+    )  # fmt: skip
+    future = marker_pb2.Marker(version=1, type=42, queue="q", message_id="m2")  # type: ignore[arg-type]
+    cols = MarkerColumns(to_arrow_schema(MARKERS_SCHEMA))
+    cols.extend(
+        [
+            _marker_record(0, encode(start)),
+            _marker_record(1, future.SerializeToString()),
+            _marker_record(2, b"\xff\xff"),
+            _marker_record(3, None),
+            _marker_record(4, marker_pb2.Marker(version=1, type=3).SerializeToString()),
+        ]
+    )
+    rows = _rows(cols)
+    assert rows[0] == {
+        "marker_partition": 2,
+        "marker_offset": 0,
+        "timestamp": dt.datetime.fromtimestamp(TS / 1000, dt.UTC),
+        "type": "START",
+        "type_id": 1,
+        "version": 1,
+        "queue": "orders",
+        "partition": 1,
+        "offset": 42,
+        "message_id": "m1",
+        "attempt": 2,
+        "redeliver_after_ms": 30_000,
+        "key": b"orders",
+        "value": b"body",
+        "headers": [{"key": "h", "value": b"v"}],
+        "reason": "",
+        "max_attempts": 5,
+        "dead_letter_queue": "orders.dlq",
+        "error": None,
+    }
+    assert (rows[1]["type"], rows[1]["type_id"], rows[1]["error"]) == ("UNKNOWN_42", 42, None)
+    assert rows[2]["error"].startswith("not a protobuf marker") and rows[2]["type"] is None
+    assert rows[3]["error"] == "marker record has no value"
+    assert rows[4]["error"] == "marker has no message id" and rows[4]["queue"] is None
+    assert rows[4]["marker_offset"] == 4
+
+
+def test_marker_columns_of_one_queue_and_other_versions() -> None:
+    v2 = marker_pb2.Marker(version=2, type=1, queue="a", message_id="m")  # type: ignore[arg-type]
+    schema = StructType([f for f in MARKERS_SCHEMA.fields if f.name in ("type", "queue", "error")])
+    cols = MarkerColumns(to_arrow_schema(schema), queue="a")
+    cols.extend(
+        [
+            _marker_record(0, encode(Marker(MarkerType.END, "a", 0, 0, "m", 1))),
+            _marker_record(1, encode(Marker(MarkerType.END, "b", 0, 0, "m", 1))),
+            _marker_record(2, v2.SerializeToString()),
+            _marker_record(3, b"junk"),
+        ]
+    )
+    assert _rows(cols) == [
+        {"type": "END", "queue": "a", "error": None},
+        {"type": "START", "queue": "a", "error": "unsupported marker version 2"},
+    ]
+    assert marker_type_name(int(MarkerType.DEAD_LETTERED)) == "DEAD_LETTERED"
+
+
+def test_marker_columns_expand_batch_records_in_order() -> None:
+    batch = [
+        Marker(MarkerType.START, "a", 0, 5, "m1", 1, 1000, value=b"x"),
+        Marker(MarkerType.END, "b", 0, 6, "m2", 1),
+        Marker(MarkerType.END, "a", 0, 5, "m1", 1),
+    ]
+    schema = StructType(
+        [f for f in MARKERS_SCHEMA.fields if f.name in ("marker_offset", "type", "message_id")]
+    )
+    cols = MarkerColumns(to_arrow_schema(schema), queue="a")
+    cols.extend([_marker_record(7, encode_batch(batch)), _marker_record(8, encode(batch[1]))])
+    assert _rows(cols) == [
+        {"marker_offset": 7, "type": "START", "message_id": "m1"},
+        {"marker_offset": 7, "type": "END", "message_id": "m1"},
+    ]
