@@ -347,7 +347,9 @@ class Tracker:
         self._reader.assign([tp])
         self._reader.seek(tp, first)
         found: dict[tuple[int, int], Marker] = {}
-        deadline = time.monotonic() + self.config.request_timeout_ms / 1000
+        # Only reaching ``last`` proves a missing START gone (retention moved the log start
+        # past it). A scan that stalls proves nothing: it raises, and the round is retried.
+        deadline = time.monotonic() + _SCAN_TIMEOUT_S
         while time.monotonic() < deadline:
             for batch in self._reader.poll(timeout_ms=200).values():
                 for record in batch:
@@ -360,9 +362,6 @@ class Tracker:
                                     found.setdefault(marker.delivery, marker)
                     if record.offset >= last:
                         return found
-            highwater = self._reader.highwater(tp)
-            if highwater is not None and self._reader.position(tp) >= highwater:
-                return found  # the log ends before ``last``: what is missing is gone
         raise KafkaTimeoutError(f"markers {partition}:{first}-{last} not fetched in time")
 
     def _drop_unrecoverable(self, action: Redeliver) -> None:
@@ -484,6 +483,9 @@ class Tracker:
         self._caught_up.clear()
         log.info("assigned partitions %s", self.partitions())
 
+
+_SCAN_TIMEOUT_S = 5.0
+"""How long one re-read scan may take before the round gives up and retries later."""
 
 _SCAN_GAP = 5000
 """START offsets further apart than this are fetched by separate seeks, not one scan."""
