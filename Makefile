@@ -43,3 +43,9 @@ bench: setup  ## the full benchmark (~15 min): bench/results/full.{json,md}
 
 bench-quick: setup  ## the benchmark in under 2 minutes: bench/results/quick.{json,md}
 	$(BIN)/python -m bench --quick
+
+.PHONY: chaos
+
+chaos: setup  ## the full chaos run, 100,000 messages (~35 min); `make test` runs a reduced one
+	KMQ_CHAOS_MESSAGES=$${KMQ_CHAOS_MESSAGES:-100000} KMQ_CHAOS_SECONDS=$${KMQ_CHAOS_SECONDS:-1800} \
+		$(BIN)/pytest -q tests/chaos

@@ -1,0 +1,562 @@
+"""The chaos suite's ledger check: what was sent, what the workers did, what the broker holds.
+
+Sources, all on real (unskewed) wall-clock seconds except record timestamps:
+
+- the producers' and workers' ledger files (:mod:`tests.chaos.roles`);
+- the suite's own record of every process incarnation (start, SIGKILL, exit) and every
+  injected network fault;
+- the markers topic and the queue topic, read back to their high watermarks. Record
+  timestamps there are the writers' clocks: skewed for workers and producers (the suite knows
+  each incarnation's skew), real for trackers, which run unskewed.
+
+What :func:`check` establishes:
+
+- **lost**: sent ids (``send()`` returned) without a settling marker (END, or DEAD_LETTERED
+  once kmq has it) on the markers topic. Must be empty.
+- **acked without END**: ``ack()`` returned but no END marker for that id exists. Must be empty.
+- **early**: a redelivery (a REDELIVERED marker, or a DEAD_LETTERED one: a redelivery to the
+  dead-letter queue) for an expired lease decided less than one lease after the START of the
+  delivery it replaces. The tracker starts a lease when it *reads* a marker, never
+  earlier than the marker was written, so ``REDELIVERED time - START write time >= lease``
+  holds for every correct redelivery, whatever the load; a tracker that trusted marker
+  timestamps would break it for the START of a worker whose clock runs behind. The START's
+  write time is taken as the earliest of its timestamp minus the skew of each worker
+  incarnation alive at that moment: a lower bound, since its writer is one of them. Must be
+  empty.
+- **unexplained**: a redelivery with no cause in the ledger. A redelivery is explained if its
+  reason is the chaos workers' nack reason and that NACK marker (or the worker's ledger line)
+  exists; or its lease expired and one of: a worker that had taken it was SIGKILLed before
+  settling it; nobody had taken it and a SIGKILLed worker wrote its START (buffered, never
+  handed out); a network fault overlapped the last lease before it (``fault.start <=
+  redelivered_at`` and ``fault.end >= redelivered_at - lease - grace``). A second
+  REDELIVERED for the same delivery needs a tracker kill or a fault since the first. Must be
+  empty.
+- **overload**: a lease-expiry redelivery with none of those causes whose holders were alive
+  is blamed on CPU starvation: ``tracker_lag`` when its holder wrote a marker of it (START,
+  KEEPALIVE, END, NACK) less than a lease before the redelivery, so the tracker had not read
+  it yet; ``holder_silent`` when the holder wrote nothing for a whole lease. Both break the
+  README's "never redelivered while its consumer is alive and can reach the broker", so they
+  are reported one by one, and tolerated only in small numbers: load is not kmq's to
+  control, but a tracker that decides deadlines while it lags behind the markers log is a
+  design gap.
+- **duplicates**: deliveries (``took`` lines) beyond the first per id: counted, reported.
+- **redelivery delay beyond the lease**: for redeliveries caused by a SIGKILL, the time from
+  the kill to a worker receiving the new copy, minus the lease: reported (p50, p99, max).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kafka import KafkaConsumer, TopicPartition
+
+from kmq.errors import MarkerDecodeError
+from kmq.markers import Marker, MarkerType, decode_all
+from kmq.records import parse_queue_headers
+from tests.chaos.proxy import Fault
+from tests.chaos.roles import NACK_REASON
+
+SETTLED_TYPES: frozenset[MarkerType] = frozenset(
+    t for t in MarkerType if t.name in ("END", "DEAD_LETTERED")
+)
+"""Marker types after which a message is never delivered again."""
+REDELIVERY_TYPES: frozenset[MarkerType] = frozenset(
+    t for t in MarkerType if t.name in ("REDELIVERED", "DEAD_LETTERED")
+)
+"""Marker types a tracker writes when it acts on a delivery: a new copy, or a dead letter."""
+WORKER_MARKER_TYPES = frozenset(
+    {MarkerType.START, MarkerType.KEEPALIVE, MarkerType.END, MarkerType.NACK}
+)
+TIMESTAMP_SLACK_S = 0.005
+"""Record timestamps are whole milliseconds."""
+PLAUSIBLE_SLACK_S = 5.0
+"""How far outside an incarnation's lifetime a START's corrected time may fall and still be
+attributed to it (process start-up and the write-to-ledger lag)."""
+
+Delivery = tuple[int, int]
+
+
+@dataclass
+class Incarnation:
+    """One run of one slot's process."""
+
+    name: str
+    kind: str
+    """``worker``, ``tracker`` or ``producer``."""
+    slot: int
+    skew_s: float
+    started: float
+    killed: float | None = None
+    """Real time of the suite's SIGKILL during the chaos phase."""
+    stopped: float | None = None
+    """Real time the suite ended it after the chaos phase, or it exited by itself."""
+    exit_code: int | None = None
+    """Set when it exited by itself."""
+
+    @property
+    def end(self) -> float:
+        return self.killed or self.stopped or float("inf")
+
+
+@dataclass(frozen=True)
+class WorkerEvent:
+    kind: str
+    worker: str
+    t: float
+    id: str
+    queue: str
+    attempt: int
+    delivery: Delivery
+
+
+@dataclass(frozen=True)
+class MarkerRecord:
+    partition: int
+    offset: int
+    timestamp_s: float
+    marker: Marker
+
+
+@dataclass(frozen=True)
+class QueueRecord:
+    partition: int
+    offset: int
+    timestamp_s: float
+    id: str
+    attempt: int
+
+
+@dataclass
+class Ledgers:
+    sent: dict[str, float] = field(default_factory=dict)
+    """Message id -> real time ``send()`` returned."""
+    send_failures: int = 0
+    gave_up: int = 0
+    events: list[WorkerEvent] = field(default_factory=list)
+
+
+def read_ledgers(directory: Path, incarnations: Iterable[Incarnation]) -> Ledgers:
+    ledgers = Ledgers()
+    for inc in incarnations:
+        path = directory / f"{inc.name}.jsonl"
+        if inc.kind == "tracker" or not path.exists():
+            continue
+        with path.open(encoding="utf-8") as lines:
+            for line in lines:
+                if not line.endswith("\n"):
+                    continue  # cut short by a SIGKILL
+                event: dict[str, Any] = json.loads(line)
+                kind = event["e"]
+                if kind == "sent":
+                    ledgers.sent[event["id"]] = event["t"]
+                elif kind == "send_failed":
+                    ledgers.send_failures += 1
+                elif kind == "gave_up":
+                    ledgers.gave_up += 1
+                else:
+                    ledgers.events.append(
+                        WorkerEvent(
+                            kind,
+                            inc.name,
+                            event["t"],
+                            event["id"],
+                            event["q"],
+                            event["a"],
+                            (event["p"], event["o"]),
+                        )
+                    )
+    return ledgers
+
+
+class TopicTail:
+    """Reads a whole topic from the beginning, without a group, in increments."""
+
+    def __init__(self, bootstrap_servers: str, topic: str, timeout_s: float = 30.0) -> None:
+        self.topic = topic
+        self._consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap_servers,
+            client_id="kmq-chaos-ledger",
+            enable_auto_commit=False,
+            fetch_max_wait_ms=100,
+        )
+        deadline = time.monotonic() + timeout_s
+        while not (partitions := self._consumer.partitions_for_topic(topic)):
+            if time.monotonic() > deadline:
+                self._consumer.close()
+                raise AssertionError(f"topic {topic} has no partitions")
+            time.sleep(0.1)
+        self._tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        self._consumer.assign(self._tps)
+        self._consumer.seek_to_beginning(*self._tps)
+
+    def read_to_end(self, on_record: Callable[[Any], None], timeout_s: float) -> None:
+        """Feed every record up to the high watermarks seen while reading to ``on_record``.
+
+        Fails if ``timeout_s`` passes without a record while the end is not reached (a long
+        topic may take longer than that in all), or after ``20 * timeout_s`` in any case.
+        """
+        now = time.monotonic()
+        stalled_at, cap = now + timeout_s, now + 20 * timeout_s
+        done: set[TopicPartition] = set()
+        while len(done) < len(self._tps):
+            if time.monotonic() > min(stalled_at, cap):
+                raise AssertionError(f"could not read {self.topic} to its end")
+            for batch in self._consumer.poll(timeout_ms=200, max_records=50_000).values():
+                stalled_at = time.monotonic() + timeout_s
+                for record in batch:
+                    on_record(record)
+            for tp in self._tps:
+                highwater = self._consumer.highwater(tp)
+                if highwater is not None and self._consumer.position(tp) >= highwater:
+                    done.add(tp)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class MarkerLog:
+    """Every marker read so far, and the ids that are settled."""
+
+    def __init__(self) -> None:
+        self.records: list[MarkerRecord] = []
+        self.settled: set[str] = set()
+        self.undecodable = 0
+
+    def add(self, record: Any) -> None:
+        try:
+            markers = decode_all(record.value)  # one marker, or a BATCH of them
+        except MarkerDecodeError:
+            self.undecodable += 1
+            return
+        for marker in markers:
+            self.records.append(
+                MarkerRecord(record.partition, record.offset, record.timestamp / 1000, marker)
+            )
+            if marker.type in SETTLED_TYPES:
+                self.settled.add(marker.message_id)
+
+
+class QueueLog:
+    def __init__(self) -> None:
+        self.records: list[QueueRecord] = []
+
+    def add(self, record: Any) -> None:
+        message_id, attempt, _ = parse_queue_headers(record.headers)
+        if message_id is not None:
+            self.records.append(
+                QueueRecord(
+                    record.partition, record.offset, record.timestamp / 1000, message_id, attempt
+                )
+            )
+
+
+@dataclass
+class Report:
+    seed: int
+    messages: int = 0
+    lost: list[str] = field(default_factory=list)
+    acked_without_end: list[str] = field(default_factory=list)
+    deliveries: int = 0
+    duplicates: int = 0
+    processed_twice: int = 0
+    nacks: int = 0
+    redeliveries: int = 0
+    dead_lettered: int = 0
+    copies: int = 0
+    causes: Counter[str] = field(default_factory=Counter)
+    unexplained: list[str] = field(default_factory=list)
+    overload: list[str] = field(default_factory=list)
+    """Redeliveries blamed on a starved tracker or holder (``tracker_lag``, ``holder_silent``)."""
+    early: list[str] = field(default_factory=list)
+    unattributed_starts: int = 0
+    delays_beyond_lease_s: list[float] = field(default_factory=list)
+    worker_kills: int = 0
+    tracker_kills: int = 0
+    resets: int = 0
+    stalls: int = 0
+    crashed: list[str] = field(default_factory=list)
+    send_failures: int = 0
+    gave_up: int = 0
+    skewed_markers: tuple[int, int] = (0, 0)
+    """Worker markers stamped over a minute ahead of / behind the real time of the run."""
+    skewed_records: tuple[int, int] = (0, 0)
+    """First-attempt queue records stamped over a minute ahead / behind."""
+    elapsed_s: float = 0.0
+
+    def delay_percentile(self, q: float) -> float | None:
+        delays = sorted(self.delays_beyond_lease_s)
+        if not delays:
+            return None
+        if len(delays) == 1:
+            return delays[0]
+        return statistics.quantiles(delays, n=100, method="inclusive")[round(q * 100) - 1]
+
+    def summary(self, params: str) -> str:
+        def seconds(value: float | None) -> str:
+            return "n/a" if value is None else f"{value:.2f}s"
+
+        causes = " ".join(f"{k}={v}" for k, v in sorted(self.causes.items()))
+        return (
+            f"chaos summary: seed={self.seed} {params} messages={self.messages} "
+            f"kills={self.worker_kills + self.tracker_kills} (workers={self.worker_kills} "
+            f"trackers={self.tracker_kills}) faults={self.resets + self.stalls} "
+            f"(resets={self.resets} stalls={self.stalls}) nacks={self.nacks} "
+            f"lost={len(self.lost)} duplicates={self.duplicates} "
+            f"deliveries={self.deliveries} redeliveries={self.redeliveries} "
+            f"dead_lettered={self.dead_lettered} ({causes}) "
+            f"early={len(self.early)} crashed={len(self.crashed)} "
+            f"redelivery_delay_beyond_lease p50={seconds(self.delay_percentile(0.5))} "
+            f"p99={seconds(self.delay_percentile(0.99))} "
+            f"max={seconds(max(self.delays_beyond_lease_s, default=None))} "
+            f"elapsed={self.elapsed_s:.0f}s"
+        )
+
+
+@dataclass(frozen=True)
+class RunLog:
+    """What the suite itself recorded."""
+
+    seed: int
+    lease_s: float
+    fault_grace_s: float
+    started: float
+    finished: float
+    incarnations: list[Incarnation]
+    faults: list[Fault]
+
+
+def check(run: RunLog, ledgers: Ledgers, markers: MarkerLog, queue: QueueLog) -> Report:
+    """Everything the chaos test asserts on, from the suite's record, the ledgers and both
+    topics read back to their ends (see the module docstring)."""
+    report = Report(seed=run.seed, messages=len(ledgers.sent))
+    report.elapsed_s = run.finished - run.started
+    report.send_failures, report.gave_up = ledgers.send_failures, ledgers.gave_up
+    workers = {i.name: i for i in run.incarnations if i.kind == "worker"}
+    report.worker_kills = sum(1 for i in workers.values() if i.killed is not None)
+    report.tracker_kills = sum(
+        1 for i in run.incarnations if i.kind == "tracker" and i.killed is not None
+    )
+    report.crashed = [f"{i.name} exit={i.exit_code}" for i in run.incarnations if _crashed(i)]
+    report.resets = sum(1 for f in run.faults if f.kind == "reset")
+    report.stalls = sum(1 for f in run.faults if f.kind == "stall")
+    _check_settlement(report, ledgers, markers)
+    _check_skew(report, run, markers, queue)
+    _check_redeliveries(report, run, ledgers, markers, queue)
+    return report
+
+
+def _check_settlement(report: Report, ledgers: Ledgers, markers: MarkerLog) -> None:
+    """Lost messages, acks without END, duplicate deliveries."""
+    report.lost = sorted(set(ledgers.sent) - markers.settled)
+    ends = Counter(r.marker.message_id for r in markers.records if r.marker.type is MarkerType.END)
+    acked = {e.id for e in ledgers.events if e.kind == "acked"}
+    report.acked_without_end = sorted(acked - set(ends))
+    report.processed_twice = sum(1 for n in ends.values() if n > 1)
+    took = [e for e in ledgers.events if e.kind == "took"]
+    report.deliveries = len(took)
+    report.duplicates = len(took) - len({e.id for e in took})
+    report.nacks = sum(1 for e in ledgers.events if e.kind == "nacked")
+
+
+def _check_skew(report: Report, run: RunLog, markers: MarkerLog, queue: QueueLog) -> None:
+    """How many records carry a timestamp over a minute outside the run: the skew is real."""
+    lo, hi = run.started - 60, run.finished + 60
+    worker_stamps = [r.timestamp_s for r in markers.records if r.marker.type in WORKER_MARKER_TYPES]
+    report.skewed_markers = (
+        sum(1 for t in worker_stamps if t > hi),
+        sum(1 for t in worker_stamps if t < lo),
+    )
+    first_stamps = [r.timestamp_s for r in queue.records if r.attempt == 1]
+    report.skewed_records = (
+        sum(1 for t in first_stamps if t > hi),
+        sum(1 for t in first_stamps if t < lo),
+    )
+
+
+def _check_redeliveries(
+    report: Report, run: RunLog, ledgers: Ledgers, markers: MarkerLog, queue: QueueLog
+) -> None:
+    """Was each redelivery (or dead letter) on time, and what caused it?"""
+    workers = {i.name: i for i in run.incarnations if i.kind == "worker"}
+    by_delivery: dict[tuple[str, Delivery], list[WorkerEvent]] = defaultdict(list)
+    receipts: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for event in ledgers.events:
+        by_delivery[(event.id, event.delivery)].append(event)
+        if event.kind == "took":
+            receipts[(event.id, event.attempt)].append(event.t)
+    starts: dict[tuple[str, Delivery], list[MarkerRecord]] = defaultdict(list)
+    marks: dict[tuple[str, Delivery], list[MarkerRecord]] = defaultdict(list)
+    nacked: set[tuple[str, Delivery]] = set()
+    redelivered: list[MarkerRecord] = []
+    for record in markers.records:
+        key = (record.marker.message_id, record.marker.delivery)
+        if record.marker.type in WORKER_MARKER_TYPES:
+            marks[key].append(record)
+        if record.marker.type is MarkerType.START:
+            starts[key].append(record)
+        elif record.marker.type is MarkerType.NACK and record.marker.reason == NACK_REASON:
+            nacked.add(key)
+        elif record.marker.type in REDELIVERY_TYPES:
+            redelivered.append(record)
+    report.redeliveries = sum(1 for r in redelivered if r.marker.type is MarkerType.REDELIVERED)
+    report.dead_lettered = len(redelivered) - report.redeliveries
+    report.copies = sum(1 for r in queue.records if r.attempt > 1)
+    tracker_kills = sorted(
+        i.killed for i in run.incarnations if i.kind == "tracker" and i.killed is not None
+    )
+    first_redelivery: dict[tuple[str, Delivery], float] = {}
+    checker = _Explainer(run, workers)
+    for record in sorted(redelivered, key=lambda r: r.timestamp_s):
+        marker = record.marker
+        key = (marker.message_id, marker.delivery)
+        at = record.timestamp_s
+        events = by_delivery.get(key, [])
+        if key in first_redelivery:
+            previous = first_redelivery[key]
+            if any(previous - 1 <= k <= at for k in tracker_kills) or checker.fault_between(
+                previous, at
+            ):
+                report.causes["repeat"] += 1
+            else:
+                report.causes["unexplained"] += 1
+                report.unexplained.append(
+                    f"{marker.message_id} {marker.delivery}: redelivered again at {at:.3f} "
+                    f"(first at {previous:.3f}) with no tracker kill or fault in between"
+                )
+            continue
+        first_redelivery[key] = at
+        if marker.reason == NACK_REASON:
+            # The ledger line may be missing: a SIGKILL right after the NACK went out.
+            if key in nacked or any(e.kind in ("nacked", "nack_failed") for e in events):
+                report.causes["nacked"] += 1
+            else:
+                report.causes["unexplained"] += 1
+                report.unexplained.append(f"{marker.message_id} {marker.delivery}: nack unknown")
+            continue
+        if marker.reason.startswith("released"):
+            # Only Consumer.close() releases, and chaos workers never close their consumers.
+            report.causes["unexplained"] += 1
+            report.unexplained.append(
+                f"{marker.message_id} {marker.delivery}: released ({marker.reason})"
+            )
+            continue
+        # The lease expired: was it early, and why did it expire? Holders are the workers that
+        # had taken it by then (one that re-read the record later took a duplicate START).
+        holders = [
+            workers[e.worker]
+            for e in events
+            if e.kind == "took" and e.worker in workers and e.t <= at
+        ]
+        start_at = checker.start_written(starts.get(key, []), at)
+        if start_at is None:
+            report.unattributed_starts += 1
+        elif at - start_at < run.lease_s - TIMESTAMP_SLACK_S:
+            report.early.append(
+                f"{marker.message_id} {marker.delivery}: redelivered {at - start_at:.3f} s "
+                f"after its START was written (lease {run.lease_s} s)"
+            )
+        cause, killed_at = checker.cause(events, holders, marks.get(key, []), at)
+        report.causes[cause] += 1
+        if cause in ("unexplained", "tracker_lag", "holder_silent"):
+            (report.unexplained if cause == "unexplained" else report.overload).append(
+                f"{cause}: {marker.message_id} {marker.delivery}: lease expired at {at:.3f}, "
+                f"holders {[h.name for h in holders]} alive, no fault overlapped the lease; "
+                f"ledger: {[(e.kind, e.worker, round(e.t, 3)) for e in events]}"
+            )
+        elif killed_at is not None:
+            after = [t for t in receipts.get((marker.message_id, marker.attempt), []) if t >= at]
+            if after:
+                report.delays_beyond_lease_s.append(min(after) - killed_at - run.lease_s)
+
+
+def _crashed(inc: Incarnation) -> bool:
+    if inc.exit_code is None:
+        return False
+    return inc.kind != "producer" or inc.exit_code != 0
+
+
+class _Explainer:
+    def __init__(self, run: RunLog, workers: dict[str, Incarnation]) -> None:
+        self._run = run
+        self._workers = list(workers.values())
+
+    def fault_between(self, start: float, end: float) -> bool:
+        grace = self._run.lease_s + self._run.fault_grace_s
+        return any(f.start <= end and f.end >= start - grace for f in self._run.faults)
+
+    def start_written(self, starts: list[MarkerRecord], redelivered_at: float) -> float | None:
+        """The earliest real time one of ``starts`` can have been written: its timestamp minus
+        the skew of a worker alive then, before the redelivery. Its true writer is among those
+        workers, so this is never later than the truth: a lower bound, as the check needs.
+        Skews at least 150 s apart keep the other workers from making it much earlier."""
+        times = [
+            start.timestamp_s - inc.skew_s
+            for start in starts
+            for inc in self._workers
+            if _alive_at(inc, start.timestamp_s - inc.skew_s)
+            and start.timestamp_s - inc.skew_s <= redelivered_at + PLAUSIBLE_SLACK_S
+        ]
+        return min(times, default=None)
+
+    def cause(
+        self,
+        events: list[WorkerEvent],
+        holders: list[Incarnation],
+        marks: list[MarkerRecord],
+        at: float,
+    ) -> tuple[str, float | None]:
+        """Why a lease expired, and the kill behind it if a kill was the cause."""
+        settled = {e.worker for e in events if e.kind in ("acked", "nacked")}
+        for holder in holders:
+            if holder.killed is not None and holder.killed <= at and holder.name not in settled:
+                return "holder_killed", holder.killed
+        if not holders:
+            for inc in self._workers:
+                if inc.killed is None or inc.killed > at:
+                    continue
+                if any(
+                    _alive_at(inc, m.timestamp_s - inc.skew_s)
+                    for m in marks
+                    if m.marker.type is MarkerType.START
+                ):
+                    return "buffered_killed", inc.killed
+        if self.fault_between(at, at):
+            return "fault", None
+        return self._load(events, holders, marks, at), None
+
+    def _load(
+        self,
+        events: list[WorkerEvent],
+        holders: list[Incarnation],
+        marks: list[MarkerRecord],
+        at: float,
+    ) -> str:
+        """Blame a redelivery with no kill, nack or fault behind it on the tracker (it had not
+        read a marker written less than a lease before) or on the holder (it wrote nothing for
+        a lease): what a starved process does on an overloaded machine."""
+        candidates = holders or self._workers
+        names = {h.name for h in candidates}
+        writes = [e.t for e in events if e.worker in names and e.kind in _SETTLING and e.t <= at]
+        writes += [
+            m.timestamp_s - inc.skew_s
+            for m in marks
+            for inc in candidates
+            if _alive_at(inc, m.timestamp_s - inc.skew_s) and m.timestamp_s - inc.skew_s <= at
+        ]
+        if writes and at - max(writes) < self._run.lease_s - TIMESTAMP_SLACK_S:
+            return "tracker_lag"
+        return "holder_silent" if writes else "unexplained"
+
+
+_SETTLING = frozenset({"acked", "nacked", "ack_failed", "nack_failed"})
+
+
+def _alive_at(inc: Incarnation, t: float) -> bool:
+    return inc.started - PLAUSIBLE_SLACK_S <= t <= inc.end + PLAUSIBLE_SLACK_S

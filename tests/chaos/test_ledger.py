@@ -1,0 +1,241 @@
+"""The chaos ledger check on hand-made runs: each verdict the chaos test asserts can fail."""
+
+from __future__ import annotations
+
+import pytest
+
+from kmq.markers import Marker, MarkerType
+from tests.chaos.ledger import (
+    Incarnation,
+    Ledgers,
+    MarkerLog,
+    MarkerRecord,
+    QueueLog,
+    Report,
+    RunLog,
+    WorkerEvent,
+    check,
+)
+from tests.chaos.proxy import Fault
+from tests.chaos.roles import NACK_REASON
+
+LEASE_S = 2.0
+T0 = 1_800_000_000.0
+MID = "m" * 32
+RECORD = (1, 7)
+AHEAD_S, BEHIND_S = 300.0, -300.0
+
+
+def worker(name: str, skew_s: float, killed: float | None = None) -> Incarnation:
+    return Incarnation(name, "worker", 0, skew_s, started=T0, killed=killed)
+
+
+def marker(
+    kind: MarkerType, ts: float, *, attempt: int = 1, reason: str = "", offset: int = 0
+) -> MarkerRecord:
+    m = Marker(
+        type=kind,
+        queue="q0",
+        partition=RECORD[0],
+        offset=RECORD[1],
+        message_id=MID,
+        attempt=attempt,
+        reason=reason,
+    )
+    return MarkerRecord(0, offset, ts, m)
+
+
+def event(
+    kind: str, who: str, t: float, attempt: int = 1, where: tuple[int, int] = RECORD
+) -> WorkerEvent:
+    return WorkerEvent(kind, who, t, MID, "q0", attempt, where)
+
+
+def run_check(
+    incarnations: list[Incarnation],
+    events: list[WorkerEvent],
+    markers: list[MarkerRecord],
+    faults: tuple[Fault, ...] = (),
+) -> Report:
+    run = RunLog(
+        seed=1,
+        lease_s=LEASE_S,
+        fault_grace_s=1.0,
+        started=T0,
+        finished=T0 + 60,
+        incarnations=incarnations,
+        faults=list(faults),
+    )
+    log = MarkerLog()
+    for record in markers:
+        log.records.append(record)
+        if record.marker.type is MarkerType.END:
+            log.settled.add(MID)
+    return check(run, Ledgers(sent={MID: T0}, events=events), log, QueueLog())
+
+
+def test_acked_message_is_settled() -> None:
+    report = run_check(
+        [worker("w0.1", AHEAD_S)],
+        [event("took", "w0.1", T0 + 1), event("acked", "w0.1", T0 + 1.1)],
+        [marker(MarkerType.START, T0 + 1 + AHEAD_S), marker(MarkerType.END, T0 + 1.1 + AHEAD_S)],
+    )
+    assert (report.lost, report.acked_without_end, report.redeliveries) == ([], [], 0)
+    assert report.skewed_markers == (2, 0)
+
+
+def test_message_without_end_is_lost() -> None:
+    report = run_check([worker("w0.1", 0.0)], [], [marker(MarkerType.START, T0 + 1)])
+    assert report.lost == [MID]
+
+
+def test_ack_without_end_marker_is_reported() -> None:
+    report = run_check([worker("w0.1", 0.0)], [event("acked", "w0.1", T0 + 1)], [])
+    assert report.acked_without_end == [MID]
+
+
+@pytest.mark.skipif("DEAD_LETTERED" not in MarkerType.__members__, reason="no dead letters yet")
+def test_dead_lettered_message_is_settled() -> None:
+    log_markers = [
+        marker(MarkerType.START, T0 + 1),
+        marker(MarkerType["DEAD_LETTERED"], T0 + 4, reason=NACK_REASON),
+    ]
+    run = RunLog(1, LEASE_S, 1.0, T0, T0 + 60, [worker("w0.1", 0.0)], [])
+    log = MarkerLog()
+    for record in log_markers:
+        log.records.append(record)
+    log.settled.add(MID)  # what MarkerLog.add does for a DEAD_LETTERED record
+    report = check(
+        run,
+        Ledgers(sent={MID: T0}, events=[event("nacked", "w0.1", T0 + 2)]),
+        log,
+        QueueLog(),
+    )
+    assert report.lost == []
+    assert report.dead_lettered == 1
+
+
+def test_redelivery_after_the_holder_was_killed_is_explained_and_timed() -> None:
+    report = run_check(
+        [worker("w0.1", AHEAD_S, killed=T0 + 2), worker("w1.1", BEHIND_S)],
+        [event("took", "w0.1", T0 + 1), event("took", "w1.1", T0 + 5, attempt=2)],
+        [
+            marker(MarkerType.START, T0 + 1 + AHEAD_S),
+            marker(MarkerType.REDELIVERED, T0 + 4.5, attempt=2, reason="lease expired"),
+        ],
+    )
+    assert report.causes == {"holder_killed": 1}
+    assert (report.unexplained, report.early) == ([], [])
+    assert report.delays_beyond_lease_s == [pytest.approx(5 - 2 - LEASE_S)]
+    assert report.duplicates == 1
+
+
+def test_redelivery_of_a_silent_holder_is_blamed_on_it() -> None:
+    # No marker from the holder for a whole lease: a starved worker, not a kmq fault.
+    report = run_check(
+        [worker("w0.1", 0.0)],
+        [event("took", "w0.1", T0 + 1), event("acked", "w0.1", T0 + 5)],
+        [
+            marker(MarkerType.START, T0 + 1),
+            marker(MarkerType.REDELIVERED, T0 + 3.5, attempt=2, reason="lease expired"),
+        ],
+    )
+    assert report.causes == {"holder_silent": 1}
+    assert report.unexplained == [] and len(report.overload) == 1
+
+
+def test_redelivery_despite_a_recent_keepalive_is_blamed_on_tracker_lag() -> None:
+    report = run_check(
+        [worker("w0.1", AHEAD_S)],
+        [event("took", "w0.1", T0 + 1), event("acked", "w0.1", T0 + 5)],
+        [
+            marker(MarkerType.START, T0 + 1 + AHEAD_S),
+            marker(MarkerType.KEEPALIVE, T0 + 2.5 + AHEAD_S),
+            marker(MarkerType.REDELIVERED, T0 + 3.5, attempt=2, reason="lease expired"),
+        ],
+    )
+    assert report.causes == {"tracker_lag": 1}
+
+
+def test_redelivery_of_a_delivery_nobody_started_is_unexplained() -> None:
+    report = run_check(
+        [worker("w0.1", 0.0)],
+        [],
+        [marker(MarkerType.REDELIVERED, T0 + 3.5, attempt=2, reason="lease expired")],
+    )
+    assert report.causes == {"unexplained": 1}
+    assert len(report.unexplained) == 1
+
+
+def test_redelivery_during_a_stall_is_explained_by_it() -> None:
+    report = run_check(
+        [worker("w0.1", 0.0)],
+        [event("took", "w0.1", T0 + 1), event("acked", "w0.1", T0 + 5)],
+        [
+            marker(MarkerType.START, T0 + 1),
+            marker(MarkerType.REDELIVERED, T0 + 3.5, attempt=2, reason="lease expired"),
+        ],
+        faults=(Fault("stall", T0 + 1.2, T0 + 3.9, 10, True),),
+    )
+    assert report.causes == {"fault": 1}
+
+
+def test_redelivery_before_the_lease_ran_out_is_early() -> None:
+    # What a tracker trusting a slow clock would do: the START claims to be 300 s old.
+    report = run_check(
+        [worker("w0.1", BEHIND_S, killed=T0 + 1.2)],
+        [event("took", "w0.1", T0 + 1)],
+        [
+            marker(MarkerType.START, T0 + 1 + BEHIND_S),
+            marker(MarkerType.REDELIVERED, T0 + 1.5, attempt=2, reason="lease expired"),
+        ],
+    )
+    assert len(report.early) == 1
+    assert report.skewed_markers == (0, 1)
+
+
+def test_nack_redelivery_needs_the_nack() -> None:
+    markers = [
+        marker(MarkerType.START, T0 + 1),
+        marker(MarkerType.NACK, T0 + 1.1, reason=NACK_REASON),
+        marker(MarkerType.REDELIVERED, T0 + 1.2, attempt=2, reason=NACK_REASON),
+    ]
+    took = event("took", "w0.1", T0 + 1)
+    nacked = run_check([worker("w0.1", 0.0)], [took, event("nacked", "w0.1", T0 + 1.1)], markers)
+    assert nacked.causes == {"nacked": 1}
+    # Killed right after nack() returned: no ledger line, but the NACK marker is there.
+    killed = run_check([worker("w0.1", 0.0, killed=T0 + 1.15)], [took], markers)
+    assert killed.causes == {"nacked": 1}
+    unknown = run_check([worker("w0.1", 0.0)], [took], [markers[0], markers[2]])
+    assert unknown.causes == {"unexplained": 1}
+
+
+def test_second_redelivery_of_a_delivery_needs_a_tracker_kill_or_fault() -> None:
+    markers = [
+        marker(MarkerType.START, T0 + 1),
+        marker(MarkerType.NACK, T0 + 1.1),
+        marker(MarkerType.REDELIVERED, T0 + 1.2, attempt=2, reason=NACK_REASON),
+        marker(MarkerType.REDELIVERED, T0 + 30, attempt=2, reason=NACK_REASON),
+    ]
+    events = [event("took", "w0.1", T0 + 1), event("nacked", "w0.1", T0 + 1.1)]
+    report = run_check([worker("w0.1", 0.0)], events, markers)
+    assert report.causes == {"nacked": 1, "unexplained": 1}
+    tracker = Incarnation("t0.1", "tracker", 0, 0.0, started=T0, killed=T0 + 20)
+    report = run_check([worker("w0.1", 0.0), tracker], events, markers)
+    assert report.causes == {"nacked": 1, "repeat": 1}
+
+
+def test_redelivery_of_a_buffered_message_is_explained_by_the_kill_of_its_starter() -> None:
+    # w0.1 STARTed it and died before handing it out; w1.1 re-read the record (its offset was
+    # never committed) after the redelivery: w1.1 was not holding it when the lease ran out.
+    report = run_check(
+        [worker("w0.1", AHEAD_S, killed=T0 + 2), worker("w1.1", BEHIND_S)],
+        [event("took", "w1.1", T0 + 10), event("acked", "w1.1", T0 + 10.1)],
+        [
+            marker(MarkerType.START, T0 + 1 + AHEAD_S),
+            marker(MarkerType.REDELIVERED, T0 + 4, attempt=2, reason="lease expired"),
+            marker(MarkerType.START, T0 + 10 + BEHIND_S),
+        ],
+    )
+    assert report.causes == {"buffered_killed": 1}
+    assert report.early == []
