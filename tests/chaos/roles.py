@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import random
 import sys
@@ -205,6 +206,12 @@ def run_producer(args: argparse.Namespace) -> None:
 
 def main(argv: list[str]) -> None:
     args = _parser().parse_args(argv)
+    # kafka-python's own warnings too (it logs nothing by default), for the post-mortem.
+    logging.basicConfig(
+        level=logging.WARNING,
+        stream=sys.stdout,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     if args.role == "worker":
         run_worker(args)
     else:

@@ -121,7 +121,7 @@ class Params:
     @property
     def drain_cap_s(self) -> float:
         """The drain ends here even if messages are still being settled."""
-        return self.drain_s + self.messages / 20
+        return self.drain_s + self.messages / 100
 
     @property
     def fault_grace_s(self) -> float:
@@ -394,10 +394,7 @@ def test_chaos(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
                 break
             if now - chaos_started >= params.chaos_s and not producing:
                 break
-            for inc in cluster.reap():
-                if inc.kind != "producer":
-                    say(f"chaos: {inc.name} exited by itself with code {inc.exit_code}")
-                    cluster.spawn(next(s for s in cluster.slots if s.incarnation is inc))
+            _respawn_crashed(cluster, say)
             next_event = chaos.tick()
             if params.chaos_s > 120 and now >= next_progress:
                 next_progress = now + 30
@@ -414,21 +411,7 @@ def test_chaos(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
         markers, queue_log = MarkerLog(), QueueLog()
         marker_tail = TopicTail(bootstrap, MARKER_TOPIC)
         stack.callback(marker_tail.close)
-        # A loaded machine may still be working off a backlog: give up only once nothing has
-        # been settled for drain_s (or after the overall cap).
-        cap = time.monotonic() + params.drain_cap_s
-        stuck_at = time.monotonic() + params.drain_s
-        missing = len(sent)
-        while True:
-            marker_tail.read_to_end(markers.add, timeout_s=60)
-            still = len(sent.keys() - markers.settled)
-            if still < missing:
-                missing, stuck_at = still, time.monotonic() + params.drain_s
-            if not missing or time.monotonic() > min(stuck_at, cap):
-                break
-            for inc in cluster.reap():
-                say(f"chaos: {inc.name} exited by itself with code {inc.exit_code}")
-                cluster.spawn(next(s for s in cluster.slots if s.incarnation is inc))
+        _drain(params, sent, marker_tail, markers, cluster, say)
         drained_in = time.time() - chaos_ended
 
         # -- stop everything, then read the final state ------------------------------------
@@ -477,6 +460,38 @@ def test_chaos(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
     )
     if not os.environ.get("KMQ_CHAOS_KEEP"):
         shutil.rmtree(run_dir)
+
+
+def _respawn_crashed(cluster: Cluster, say: Callable[[str], None]) -> None:
+    """Start again any worker or tracker that exited by itself (the ledger reports it)."""
+    for inc in cluster.reap():
+        if inc.kind != "producer":
+            say(f"chaos: {inc.name} exited by itself with code {inc.exit_code}")
+            cluster.spawn(next(s for s in cluster.slots if s.incarnation is inc))
+
+
+def _drain(
+    params: Params,
+    sent: dict[str, float],
+    tail: TopicTail,
+    markers: MarkerLog,
+    cluster: Cluster,
+    say: Callable[[str], None],
+) -> None:
+    """Read the markers until every sent message is settled. A loaded machine may still be
+    working off a backlog: give up only once nothing was settled for ``drain_s`` (or at the
+    overall cap); whatever is unsettled then is lost."""
+    cap = time.monotonic() + params.drain_cap_s
+    stuck_at = time.monotonic() + params.drain_s
+    missing = len(sent)
+    while True:
+        tail.read_to_end(markers.add, timeout_s=60)
+        still = len(sent.keys() - markers.settled)
+        if still < missing:
+            missing, stuck_at = still, time.monotonic() + params.drain_s
+        if not missing or time.monotonic() > min(stuck_at, cap):
+            return
+        _respawn_crashed(cluster, say)
 
 
 def _save_output(children: Children, directory: Path) -> None:

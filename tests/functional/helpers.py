@@ -17,7 +17,8 @@ from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 
-from kmq.markers import Marker, MarkerDecodeError, decode_all
+from kmq.errors import MarkerDecodeError
+from kmq.markers import Marker, decode_all
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
