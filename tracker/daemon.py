@@ -39,6 +39,7 @@ class Tracker:
         self._committed: dict[int, int] = {}
         self._fresh: set[int] = set()  # assigned, first batch not read yet
         self._next_commit = 0.0
+        self._membership_ok = True
         self._next_stats = time.monotonic() + config.stats_interval_s
         self._kc = KafkaConsumer(
             bootstrap_servers=config.bootstrap_servers,
@@ -175,6 +176,8 @@ class Tracker:
 
     def _redeliver(self) -> None:
         now = time.monotonic()
+        if not self._membership_current(now):
+            return
         budget = self.config.max_redeliveries_per_round
         actions: list[Redeliver] = []
         for state in self._states.values():
@@ -197,6 +200,33 @@ class Tracker:
             # Whatever did not get through is due again: never leave one marked in progress.
             for action in unfinished.values():
                 self._state_failed(action)
+
+    def _membership_current(self, now: float) -> bool:
+        """Whether the group surely still counts this replica as its partitions' owner.
+
+        A replica frozen longer than its session timeout (a "zombie": a stop signal, a
+        swapped-out VM, a long GC-like stall) has been evicted and its partitions handed to
+        another replica, which redelivers the expired leases; on waking, its own state says
+        the same leases are overdue. It must not act on them until the coordinator has
+        answered it again, so redeliveries wait for a heartbeat answered within two thirds of
+        the session timeout (the last third covers the answer's time in transit) or a fresh
+        join. The broker fences the zombie's offset commits by itself.
+        """
+        confirmed_at = _membership_confirmed_at(self._kc)
+        if confirmed_at is None:
+            return True  # not a kafka-python we know: nothing to judge by
+        current = now - confirmed_at < self.config.session_timeout_ms / 1000 * 2 / 3
+        if current != self._membership_ok:
+            self._membership_ok = current
+            if current:
+                log.info("group membership confirmed again: redeliveries resume")
+            else:
+                log.warning(
+                    "no heartbeat answered for %.1f s: holding redeliveries until the group "
+                    "confirms this replica (another may own its partitions now)",
+                    now - confirmed_at,
+                )
+        return current
 
     def _redeliver_plainly(
         self, actions: list[Redeliver], unfinished: dict[int, Redeliver]
@@ -499,6 +529,20 @@ def _clusters(actions: list[Redeliver]) -> list[list[Redeliver]]:
             clusters.append([])
         clusters[-1].append(action)
     return clusters
+
+
+def _membership_confirmed_at(consumer: KafkaConsumer) -> float | None:
+    """Monotonic time of the last sign that ``consumer`` is a member of its group in good
+    standing: an answered heartbeat or a completed join. None while it is not (rejoining,
+    or kicked out), or if this kafka-python keeps that elsewhere."""
+    coordinator = getattr(consumer, "_coordinator", None)
+    heartbeat = getattr(coordinator, "heartbeat", None)
+    stable = getattr(coordinator, "stable", None)
+    last_receive = getattr(heartbeat, "last_receive", None)
+    last_reset = getattr(heartbeat, "last_reset", None)
+    if not (callable(stable) and isinstance(last_receive, float) and isinstance(last_reset, float)):
+        return None
+    return max(last_receive, last_reset) if stable() else float("-inf")
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]

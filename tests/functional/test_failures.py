@@ -13,6 +13,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 import kmq
 from kmq.markers import Marker, MarkerType, encode
+from kmq.records import parse_queue_headers
 from tests.functional.conftest import Broker, Topics, tracker_argv, worker_argv
 from tests.functional.helpers import Children, read_markers, wait_until
 from tracker.config import TrackerConfig
@@ -134,6 +135,73 @@ def test_surviving_tracker_takes_over_a_killed_replicas_partitions(
         for msg in got:
             msg.ack()
     replicas[1].wait_for(r"assigned partitions \[0, 1\]", 5)
+
+
+def test_a_tracker_frozen_past_its_session_does_not_redeliver_on_waking(
+    broker: Broker,
+    topics: Topics,
+    service: kmq.Service,
+    tracker_config: TrackerConfig,
+    children: Children,
+) -> None:
+    """A zombie: frozen (SIGSTOP) while it owned every partition, its successor redelivers the
+    expired leases; on waking (SIGCONT) its state says they are all overdue, but it must not
+    redeliver them a second time."""
+    q = service.queue("jobs")
+    producer = q.producer()
+    sent = {producer.send(b"%d" % i) for i in range(6)}
+    zombie = children.python("tracker-1", *tracker_argv(tracker_config))
+    zombie.wait_for("caught up", 30)
+    worker = children.python(
+        "worker", *worker_argv(broker, topics, "jobs", "w1", max_in_flight=6, hang_after=0)
+    )
+    worker.wait_for(r'"event": "holding"', 30, count=6)
+    zombie.wait_for(r"stats: .*\bstart=6\b", 10)  # it holds all six leases
+    os.kill(zombie.pid, signal.SIGSTOP)
+    try:
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.proc.wait()
+        successor = children.python("tracker-2", *tracker_argv(tracker_config))
+        successor.wait_for(": redelivered ", 30, count=6)
+    finally:
+        os.kill(zombie.pid, signal.SIGCONT)
+    # Awake, it finds out it was evicted, rejoins and gets a share of the partitions again.
+    zombie.wait_for("revoked partitions", 30)
+    zombie.wait_for("assigned partitions", 30, count=2)
+    zombie.wait_for("caught up", 30, count=2)
+    assert not [line for line in zombie.lines if ": redelivered " in line]
+    copies = Counter(
+        message_id for message_id, attempt in queue_records(broker, topics.queue) if attempt > 1
+    )
+    assert copies == Counter(sent)
+
+
+def queue_records(broker: Broker, topic: str) -> list[tuple[str, int]]:
+    """(message id, attempt) of every record on the queue topic."""
+    consumer = KafkaConsumer(
+        bootstrap_servers=broker.bootstrap_servers,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+    )
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        out: list[tuple[str, int]] = []
+
+        def at_end() -> bool:
+            for batch in consumer.poll(timeout_ms=200).values():
+                for record in batch:
+                    message_id, attempt, _ = parse_queue_headers(record.headers)
+                    if message_id is not None:
+                        out.append((message_id, attempt))
+            ends = {tp: consumer.highwater(tp) for tp in tps}
+            return all(end is not None and consumer.position(tp) >= end for tp, end in ends.items())
+
+        wait_until(at_end, 10, f"the end of {topic}")
+        return out
+    finally:
+        consumer.close()
 
 
 def test_close_releases_held_and_buffered_messages_at_once(
