@@ -17,6 +17,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from bench.common import JSON, make_payload, read_payload
@@ -61,8 +62,12 @@ def _raw_producer(bootstrap_servers: str, topics: list[str]) -> Any:
         **RAW_PRODUCER_SETTINGS,
     )
     for topic in topics:
-        _wait_for(lambda t=topic: bool(kp.partitions_for(t)), 30, f"partitions of {topic}")
+        _wait_for(partial(_has_partitions, kp, topic), 30, f"partitions of {topic}")
     return kp
+
+
+def _has_partitions(kp: Any, topic: str) -> bool:
+    return bool(kp.partitions_for(topic))
 
 
 def _kmq_service(a: JSON, **overrides: Any) -> Any:
@@ -418,7 +423,7 @@ def role_tracker_probe(a: JSON) -> None:
             group_id=a["group_id"],
             default_redelivery_timeout_s=a.get("lease_s", 30.0),
             session_timeout_ms=a["session_timeout_ms"],
-            **({"transactional": True} if a.get("transactional") else {}),
+            transactional=bool(a.get("transactional")),
         )
     )
     signal.signal(signal.SIGTERM, lambda signum, frame: tracker.stop())
