@@ -336,8 +336,11 @@ class Consumer:
                 self._kc.commit(commits)
             except KafkaError as exc:
                 if self._at_most_once:
-                    # Not committed, so not ours to hand out: the next owner reads it.
-                    raise _StartFailed(f"offset commit failed: {exc!r}") from exc
+                    messages = self._committed_anyway(commits, firsts, messages, exc)
+                    if not messages:
+                        raise _StartFailed(f"offset commit failed: {exc!r}") from exc
+                    self._hand_out(messages)
+                    return
                 log.warning(
                     "queue %r: offset commit failed (%r); these %d messages may also be "
                     "delivered to the partition's next owner",
@@ -346,6 +349,42 @@ class Consumer:
         # Committed before handing out, so a consumer that dies holding a message never has
         # its record read again: the tracker redelivers it, counting the attempt.
         self._hand_out(messages)
+
+    def _committed_anyway(
+        self,
+        commits: dict[TopicPartition, OffsetAndMetadata],
+        firsts: dict[TopicPartition, int],
+        messages: list[Message],
+        exc: KafkaError,
+    ) -> list[Message]:
+        """At-most-once, after a failed offset commit: which messages may still be handed out.
+
+        A commit can land and still report failure (a lost answer), so ask the group what it
+        holds. A partition still assigned whose commit landed is ours to hand out (once); one
+        whose commit did not is read again from the committed offset, so a failed commit loses
+        nothing.
+        If even that cannot be told, the partition's messages are dropped, never doubled.
+        """
+        landed: set[int] = set()
+        for tp, meta in commits.items():
+            try:
+                committed = self._kc.committed(tp)
+            except KafkaError as err:
+                log.error(
+                    "queue %r: offset commit failed (%r) and the committed offset of %s is "
+                    "unknown (%r): its messages are dropped (at-most-once)",
+                    self.queue, exc, tp, err,
+                )  # fmt: skip
+                continue
+            if committed == meta.offset and tp in self._kc.assignment():
+                # Ours, and committed exactly up to this batch (further on would mean a new
+                # owner has read and committed it already).
+                landed.add(tp.partition)
+                continue
+            # A partition revoked meanwhile raises here; its new owner reads it anyway.
+            with contextlib.suppress(Exception):
+                self._kc.seek(tp, committed if committed is not None else firsts[tp])
+        return [m for m in messages if m.partition in landed]
 
     def _hand_out(self, messages: list[Message]) -> None:
         if not messages:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
+from typing import Any
 
 import pytest
+from kafka.errors import CommitFailedError, KafkaTimeoutError
 
 import kmq
 from kmq.dlq import list_dead_letters, replay_dead_letters
@@ -108,3 +111,37 @@ def test_at_most_once_never_redelivers_and_writes_no_markers(
     assert [
         m for m in read_markers(broker.bootstrap_servers, topics.markers) if m.queue == "fire"
     ] == []
+
+
+@pytest.mark.parametrize("landed", [False, True], ids=["commit-lost", "answer-lost"])
+def test_at_most_once_failed_commit_neither_loses_nor_doubles(
+    service: kmq.Service, landed: bool
+) -> None:
+    """An offset commit that fails (not landed: the batch must be read again) or whose answer
+    is lost (landed: the batch must be handed out, once) costs no message and doubles none."""
+    q = service.queue("fire")
+    with q.consumer(mode="at_most_once") as consumer:
+        real_commit = consumer._kc.commit
+        injected: list[Any] = []
+
+        def flaky_commit(offsets: Any) -> None:
+            if injected:
+                return real_commit(offsets)  # type: ignore[no-any-return]
+            injected.append(offsets)
+            if landed:
+                real_commit(offsets)
+                raise KafkaTimeoutError("injected: the commit's answer was lost")
+            raise CommitFailedError("injected: the commit failed")
+
+        consumer._kc.commit = flaky_commit  # before anything is sent, so before any commit
+        producer = q.producer()
+        sent = [producer.send(b"%d" % i) for i in range(5)]
+        got: Counter[str] = Counter()
+        deadline = time.monotonic() + 20
+        while sum(got.values()) < len(sent) and time.monotonic() < deadline:
+            msg = consumer.receive(timeout_s=0.2)
+            if msg is not None:
+                got[msg.id] += 1
+        assert injected, "the fault was never hit"
+        assert consumer.receive(timeout_s=2) is None
+    assert got == Counter(sent)
