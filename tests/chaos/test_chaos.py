@@ -312,6 +312,10 @@ def test_chaos(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
     queues = [f"q{i}" for i in range(params.queues)]
     say = _sayer(capsys)
     with ExitStack() as stack:
+        # A SIGTERM to pytest must still kill the children (by PID) and the broker on the way
+        # out, as an exception does; Python's default would just end this process.
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+        stack.callback(signal.signal, signal.SIGTERM, previous)
         say(
             f"\nchaos: seed={params.seed} (KMQ_CHAOS_SEED={params.seed} repeats the schedule) "
             f"messages={params.messages} {params.describe()} logs in {run_dir}"
@@ -460,6 +464,10 @@ def test_chaos(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
     )
     if not os.environ.get("KMQ_CHAOS_KEEP"):
         shutil.rmtree(run_dir)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _respawn_crashed(cluster: Cluster, say: Callable[[str], None]) -> None:
