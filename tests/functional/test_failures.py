@@ -230,8 +230,12 @@ def test_close_releases_held_and_buffered_messages_at_once(
             msg.ack()
 
 
-def test_backpressure_caps_unsettled_messages(service: kmq.Service, tracker: Tracker) -> None:
-    q = service.queue("bp")
+def test_backpressure_caps_unsettled_messages(
+    make_service: Callable[..., kmq.Service], tracker: Tracker
+) -> None:
+    # Counts in-flight messages exactly, so no copy may arrive: a lease a loaded machine
+    # cannot miss (a 1 s one was, once, and a redelivered copy took a slot).
+    q = make_service(redelivery_timeout_s=10.0).queue("bp")
     producer = q.producer()
     for i in range(5):
         producer.send(b"%d" % i, wait=False)
@@ -245,7 +249,12 @@ def test_backpressure_caps_unsettled_messages(service: kmq.Service, tracker: Tra
         c = consumer.receive(timeout_s=15)
         assert c is not None
         assert consumer.in_flight == 2
-        for msg in (b, c, *receive_all(consumer, 2, 15)):
+        b.ack()
+        c.ack()
+        rest = receive_all(consumer, 2, 15)
+        got = [m.id for m in (a, b, c, *rest)]
+        assert len(got) == len(set(got)) == 5, f"not 5 distinct messages: {got}"
+        for msg in rest:
             msg.ack()
         assert consumer.in_flight == 0
 
