@@ -35,16 +35,22 @@ def supported() -> dict[str, bool]:
 def _throughput(ctx: Context, spec: Run, repeats: int) -> JSON:
     rates: list[float] = []
     cpu: list[JSON] = []
+    redelivered: list[int] = []
+    never: list[int] = []
     for rep in range(repeats):
-        ctx.say(f"transactional: e2e {spec.label} (rep {rep + 1}/{repeats})")
+        ctx.say(f"transactional: {spec.label} (rep {rep + 1}/{repeats})")
         result = run_pipeline(ctx, spec)
         ctx.say(f"  -> {result['acked_per_s']:,.0f} acked msgs/s")
         rates.append(result["acked_per_s"])
         cpu.append(result["cpu_us_per_msg"])
+        redelivered.append(result["consumed"].get("redeliveries", 0))
+        never.append(result["consumed"].get("never_redelivered", 0))
     return {
         "acked_per_s": median(rates),
         "samples": rates,
         "cpu_us_per_msg": {k: median([c[k] for c in cpu]) for k in cpu[0]},
+        "redelivered": redelivered,
+        "never_redelivered": max(never),
     }
 
 
@@ -161,23 +167,9 @@ def _tracker_redelivery(ctx: Context, count: int, repeats: int) -> JSON:
             drop_pct=10,
             tracker_transactional=transactional,
         )
-        rates: list[float] = []
-        redelivered: list[int] = []
-        for rep in range(repeats):
-            ctx.say(f"transactional: tracker redelivery {spec.label} (rep {rep + 1}/{repeats})")
-            result = run_pipeline(ctx, spec)
-            ctx.say(f"  -> {result['acked_per_s']:,.0f} acked msgs/s all in")
-            rates.append(result["acked_per_s"])
-            redelivered.append(result["consumed"]["redeliveries"])
+        got = _throughput(ctx, spec, repeats)
         rows.append(
-            {
-                "tracker": "transactional" if transactional else "plain",
-                "messages": count,
-                "acked_per_s": median(rates),
-                "samples": rates,
-                "redelivered": redelivered,
-                "never_redelivered": result["consumed"]["never_redelivered"],
-            }
+            {"tracker": "transactional" if transactional else "plain", "messages": count, **got}
         )
     plain, txn = rows
     return {"rows": rows, "ratio_txn_vs_plain": ratio(txn["acked_per_s"], plain["acked_per_s"])}

@@ -15,7 +15,7 @@ import kmq
 from kmq.markers import Marker, MarkerType, encode
 from kmq.records import parse_queue_headers
 from tests.functional.conftest import Broker, Topics, tracker_argv, worker_argv
-from tests.functional.helpers import Children, read_markers, wait_until
+from tests.functional.helpers import Child, Children, read_markers, wait_until
 from tracker.config import TrackerConfig
 from tracker.daemon import Tracker
 
@@ -65,6 +65,28 @@ def test_keepalive_lets_a_worker_hold_a_message_three_timeouts(
     assert tracker.stats()["redeliveries"] == 0
 
 
+def six_jobs_half_held(
+    broker: Broker,
+    topics: Topics,
+    service: kmq.Service,
+    tracker_config: TrackerConfig,
+    children: Children,
+    hang_after: int,
+) -> tuple[set[str], Child, Child]:
+    """Six messages on queue "jobs", a tracker process that has caught up, and a worker that
+    acks the first ``hang_after`` and holds the rest without settling them."""
+    producer = service.queue("jobs").producer()
+    sent = {producer.send(b"%d" % i) for i in range(6)}
+    tracker = children.python("tracker-1", *tracker_argv(tracker_config))
+    tracker.wait_for("caught up", 30)
+    worker = children.python(
+        "worker",
+        *worker_argv(broker, topics, "jobs", "w1", max_in_flight=6, hang_after=hang_after),
+    )
+    worker.wait_for(r'"event": "holding"', 30, count=6 - hang_after)
+    return sent, tracker, worker
+
+
 def test_tracker_restart_loses_nothing_and_redelivers_once(
     broker: Broker,
     topics: Topics,
@@ -73,14 +95,7 @@ def test_tracker_restart_loses_nothing_and_redelivers_once(
     children: Children,
 ) -> None:
     q = service.queue("jobs")
-    producer = q.producer()
-    sent = {producer.send(b"%d" % i) for i in range(6)}
-    t1 = children.python("tracker-1", *tracker_argv(tracker_config))
-    t1.wait_for("caught up", 30)
-    worker = children.python(
-        "worker", *worker_argv(broker, topics, "jobs", "w1", max_in_flight=6, hang_after=3)
-    )
-    worker.wait_for(r'"event": "holding"', 30, count=3)
+    sent, t1, worker = six_jobs_half_held(broker, topics, service, tracker_config, children, 3)
     os.kill(worker.pid, signal.SIGKILL)
     worker.proc.wait()
     t1.wait_for(": redelivered ", 15, count=3)
@@ -147,15 +162,7 @@ def test_a_tracker_frozen_past_its_session_does_not_redeliver_on_waking(
     """A zombie: frozen (SIGSTOP) while it owned every partition, its successor redelivers the
     expired leases; on waking (SIGCONT) its state says they are all overdue, but it must not
     redeliver them a second time."""
-    q = service.queue("jobs")
-    producer = q.producer()
-    sent = {producer.send(b"%d" % i) for i in range(6)}
-    zombie = children.python("tracker-1", *tracker_argv(tracker_config))
-    zombie.wait_for("caught up", 30)
-    worker = children.python(
-        "worker", *worker_argv(broker, topics, "jobs", "w1", max_in_flight=6, hang_after=0)
-    )
-    worker.wait_for(r'"event": "holding"', 30, count=6)
+    sent, zombie, worker = six_jobs_half_held(broker, topics, service, tracker_config, children, 0)
     zombie.wait_for(r"stats: .*\bstart=6\b", 10)  # it holds all six leases
     os.kill(zombie.pid, signal.SIGSTOP)
     try:
