@@ -14,6 +14,13 @@ knob is an environment variable; ``make chaos`` runs the full one::
     KMQ_CHAOS_TRACKERS      tracker replicas (2)
     KMQ_CHAOS_DRAIN_S       after the chaos, how long the settling of messages may make no
                             progress before the unsettled ones count as lost (120)
+    KMQ_CHAOS_SESSION_TIMEOUT_MS
+                            every group's session timeout (2000; full run 6000, because a
+                            2-core machine saturated for half an hour misses 2 s heartbeats
+                            and its groups then never stop rebalancing)
+    KMQ_CHAOS_WORKER_KILL_EVERY_S, KMQ_CHAOS_TRACKER_KILL_EVERY_S
+                            mean time between kills (5 and 15; full run 15 and 45, so the
+                            groups get to settle between kills at 6 s sessions)
     KMQ_CHAOS_KEEP          1: keep the run's directory (ledgers, logs) even after a pass
 
 What is checked, and how, is in :mod:`tests.chaos.ledger`. The run prints its seed and its
@@ -62,7 +69,6 @@ ROOT = Path(__file__).resolve().parents[2]
 QUEUE_TOPIC = "chaos.queue"
 MARKER_TOPIC = "chaos.markers"
 PARTITIONS = 4
-SESSION_TIMEOUT_MS = 2000  # Tansu settles a group in about half the session timeout
 WORKER_SKEWS_S = (300.0, -300.0, 150.0, -150.0, 450.0, -450.0, 600.0, -600.0)
 PRODUCER_SKEWS_S = (240.0, -240.0)
 """Clock skews by slot: at least 150 s apart, so a START's writer can be told by its stamp."""
@@ -82,6 +88,8 @@ class Params:
     workers: int
     trackers: int
     drain_s: float
+    session_timeout_ms: int = 2000
+    """Tansu settles a group in about half the session timeout."""
     queues: int = 4
     producers: int = len(PRODUCER_SKEWS_S)
     worker_max_in_flight: int = 10
@@ -106,6 +114,9 @@ class Params:
             workers=int(_env_number("KMQ_CHAOS_WORKERS", 3)),
             trackers=int(_env_number("KMQ_CHAOS_TRACKERS", 2)),
             drain_s=_env_number("KMQ_CHAOS_DRAIN_S", 120.0),
+            session_timeout_ms=int(_env_number("KMQ_CHAOS_SESSION_TIMEOUT_MS", 2000)),
+            worker_kill_every_s=_env_number("KMQ_CHAOS_WORKER_KILL_EVERY_S", 5.0),
+            tracker_kill_every_s=_env_number("KMQ_CHAOS_TRACKER_KILL_EVERY_S", 15.0),
         )
 
     @property
@@ -126,7 +137,7 @@ class Params:
     @property
     def fault_grace_s(self) -> float:
         """After a fault: a session timeout, a group join, and a lease of catching up."""
-        return 2 * SESSION_TIMEOUT_MS / 1000 + self.lease_s
+        return 2 * self.session_timeout_ms / 1000 + self.lease_s
 
     @property
     def timeout_s(self) -> float:
@@ -142,7 +153,9 @@ class Params:
     def describe(self) -> str:
         return (
             f"queues={self.queues} workers={self.workers} trackers={self.trackers} "
-            f"producers={self.producers} lease={self.lease_s:g}s chaos={self.chaos_s:g}s"
+            f"producers={self.producers} lease={self.lease_s:g}s chaos={self.chaos_s:g}s "
+            f"session={self.session_timeout_ms}ms kill_every={self.worker_kill_every_s:g}s/"
+            f"{self.tracker_kill_every_s:g}s"
         )
 
 
@@ -345,7 +358,7 @@ def test_chaos(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
             marker_topic=MARKER_TOPIC,
             group_id="chaos-tracker",
             default_redelivery_timeout_s=params.lease_s,
-            session_timeout_ms=SESSION_TIMEOUT_MS,
+            session_timeout_ms=params.session_timeout_ms,
             commit_interval_s=0.2,
         )
 
@@ -363,7 +376,7 @@ def test_chaos(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
                 "--seed", str(params.seed),
                 "--clock-skew-s", str(slot.skew_s),
                 "--redelivery-timeout-s", str(params.lease_s),
-                "--session-timeout-ms", str(SESSION_TIMEOUT_MS),
+                "--session-timeout-ms", str(params.session_timeout_ms),
             ]  # fmt: skip
             if slot.kind == "worker":
                 return [
