@@ -180,12 +180,8 @@ class TopicTail:
 
     def __init__(self, bootstrap_servers: str, topic: str, timeout_s: float = 30.0) -> None:
         self.topic = topic
-        self._consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap_servers,
-            client_id="kmq-chaos-ledger",
-            enable_auto_commit=False,
-            fetch_max_wait_ms=100,
-        )
+        self._bootstrap_servers = bootstrap_servers
+        self._consumer = self._new_consumer()
         deadline = time.monotonic() + timeout_s
         while not (partitions := self._consumer.partitions_for_topic(topic)):
             if time.monotonic() > deadline:
@@ -195,6 +191,25 @@ class TopicTail:
         self._tps = [TopicPartition(topic, p) for p in sorted(partitions)]
         self._consumer.assign(self._tps)
         self._consumer.seek_to_beginning(*self._tps)
+
+    def _new_consumer(self) -> KafkaConsumer:
+        return KafkaConsumer(
+            bootstrap_servers=self._bootstrap_servers,
+            client_id="kmq-chaos-ledger",
+            enable_auto_commit=False,
+            fetch_max_wait_ms=100,
+        )
+
+    def refresh(self) -> None:
+        """Forget the high watermarks seen so far (keeping the positions), so the next
+        :meth:`read_to_end` reads up to watermarks fetched after this call. Without it, a
+        watermark from a fetch answered before the last writes could end the read early."""
+        positions = {tp: self._consumer.position(tp) for tp in self._tps}
+        self._consumer.close()
+        self._consumer = self._new_consumer()
+        self._consumer.assign(self._tps)
+        for tp, offset in positions.items():
+            self._consumer.seek(tp, offset)
 
     def read_to_end(self, on_record: Callable[[Any], None], timeout_s: float) -> None:
         """Feed every record up to the high watermarks seen while reading to ``on_record``.
