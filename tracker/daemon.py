@@ -14,7 +14,7 @@ from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
-from kafka.errors import KafkaError, KafkaTimeoutError
+from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
 from kmq.errors import MarkerDecodeError
@@ -343,33 +343,48 @@ class Tracker:
             by_partition.setdefault(action.marker_partition, []).append(action)
         loaded = []
         for partition, wanted in by_partition.items():
+            starts: dict[tuple[int, int], Marker] = {}
+            scanned: list[tuple[int, int]] = []  # [from, to) ranges read through
             try:
-                starts: dict[tuple[int, int], Marker] = {}
                 for cluster in _clusters(wanted):
-                    starts.update(self._read_starts(partition, cluster))
+                    found, reached = self._read_starts(partition, cluster)
+                    starts.update(found)
+                    scanned.append((cluster[0].start_offset, reached))
+                    if reached <= cluster[-1].start_offset:
+                        break  # out of time: the rest waits for the next round
             except KafkaError as exc:
                 log.warning("cannot re-read STARTs in markers %d (%r); retrying", partition, exc)
-                for action in wanted:
-                    self._state_failed(action)
-                continue
+            waiting = 0
             for action in wanted:
                 start = starts.get(action.delivery)
-                if start is None:
-                    # Only retention deleting a START still in flight leads here.
+                if start is not None:
+                    loaded.append(complete(action, start))
+                elif any(lo <= action.start_offset < hi for lo, hi in scanned):
+                    # Read past its offset without finding it: only retention deleting a
+                    # START still in flight leads here.
                     log.error(
                         "START of %s at markers %d:%d is gone; it cannot be redelivered",
                         action.delivery, partition, action.start_offset,
                     )  # fmt: skip
                     self._drop_unrecoverable(action)
-                    continue
-                loaded.append(complete(action, start))
+                else:
+                    waiting += 1
+                    self._state_failed(action)
+            if waiting:
+                log.warning(
+                    "markers %d: re-read of STARTs stopped at offset %d; %d redeliveries wait "
+                    "for the next round",
+                    partition, reached, waiting,
+                )  # fmt: skip
         return loaded
 
     def _read_starts(
         self, partition: int, wanted: list[Redeliver]
-    ) -> dict[tuple[int, int], Marker]:
+    ) -> tuple[dict[tuple[int, int], Marker], int]:
         """The START markers of ``wanted``, read in one forward scan of the markers partition
-        from the lowest START offset to the highest (plain or BATCH records)."""
+        from the lowest START offset to the highest (plain or BATCH records), and the offset
+        the scan reached. A slow broker may not let it reach the end in time: what it found
+        so far still counts, so every round makes progress."""
         offsets = {action.start_offset for action in wanted}
         deliveries = {action.delivery for action in wanted}
         first, last = min(offsets), max(offsets)
@@ -377,11 +392,12 @@ class Tracker:
         self._reader.assign([tp])
         self._reader.seek(tp, first)
         found: dict[tuple[int, int], Marker] = {}
-        # Only reaching ``last`` proves a missing START gone (retention moved the log start
-        # past it). A scan that stalls proves nothing: it raises, and the round is retried.
+        reached = first
+        # Only scanning past an offset proves a START there gone (retention moved the log
+        # start past it); a scan that stalls proves nothing about what it did not reach.
         deadline = time.monotonic() + _SCAN_TIMEOUT_S
-        while time.monotonic() < deadline:
-            for batch in self._reader.poll(timeout_ms=200).values():
+        while True:
+            for batch in self._reader.poll(timeout_ms=200, max_records=_SCAN_RECORDS).values():
                 for record in batch:
                     if record.offset in offsets:
                         with contextlib.suppress(MarkerDecodeError):
@@ -390,9 +406,11 @@ class Tracker:
                                     marker.delivery in deliveries
                                 ):
                                     found.setdefault(marker.delivery, marker)
+                    reached = record.offset + 1
                     if record.offset >= last:
-                        return found
-        raise KafkaTimeoutError(f"markers {partition}:{first}-{last} not fetched in time")
+                        return found, reached
+            if time.monotonic() >= deadline:
+                return found, reached
 
     def _drop_unrecoverable(self, action: Redeliver) -> None:
         state = self._states.get(action.marker_partition)
@@ -515,7 +533,10 @@ class Tracker:
 
 
 _SCAN_TIMEOUT_S = 5.0
-"""How long one re-read scan may take before the round gives up and retries later."""
+"""How long one re-read scan may take; what it has not reached by then waits a round."""
+
+_SCAN_RECORDS = 500
+"""Records per poll of a re-read scan."""
 
 _SCAN_GAP = 5000
 """START offsets further apart than this are fetched by separate seeks, not one scan."""

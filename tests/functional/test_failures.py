@@ -12,6 +12,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 import kmq
+import tracker.daemon as tracker_daemon
 from kmq.markers import Marker, MarkerType, encode
 from kmq.records import parse_queue_headers
 from tests.functional.conftest import Broker, Topics, tracker_argv, worker_argv
@@ -317,6 +318,29 @@ def test_tracker_survives_garbage_on_the_markers_topic(
         again = consumer.receive(timeout_s=10)
         assert again is not None and (again.id, again.attempt) == (sent, 2)
         again.ack()
+
+
+def test_a_start_re_read_cut_short_still_makes_progress(
+    monkeypatch: pytest.MonkeyPatch, broker: Broker, topics: Topics, tracker: Tracker
+) -> None:
+    """The tracker re-reads a START from the markers log to redeliver its payload. On a slow
+    broker that scan may not reach its end in time; the STARTs it did read must still be
+    redelivered (a full run of the chaos suite starved all redeliveries for 18 minutes)."""
+    monkeypatch.setattr(tracker_daemon, "_SCAN_TIMEOUT_S", 0.0)  # one poll per scan
+    monkeypatch.setattr(tracker_daemon, "_SCAN_RECORDS", 1)  # of one record
+    kp = KafkaProducer(bootstrap_servers=broker.bootstrap_servers)
+    ids = [f"slow-scan-{i}" for i in range(3)]
+    for i, message_id in enumerate(ids):
+        start = Marker(
+            MarkerType.START, "jobs", 0, 100 + i, message_id, 1,
+            redeliver_after_ms=100, key=b"jobs", value=b"payload-%d" % i,
+        )  # fmt: skip
+        kp.send(topics.markers, value=encode(start), partition=0)  # one record each
+    kp.flush()
+    kp.close()
+    wait_until(lambda: tracker.stats()["redeliveries"] >= 3, 20, "all three redeliveries")
+    copies = Counter(mid for mid, attempt in queue_records(broker, topics.queue) if attempt == 2)
+    assert copies == Counter(ids)
 
 
 def test_oversize_payload_is_rejected_before_anything_is_written(
