@@ -372,9 +372,9 @@ class Tracker:
                     self._state_failed(action)
             if waiting:
                 log.warning(
-                    "markers %d: re-read of STARTs stopped at offset %d; %d redeliveries wait "
+                    "markers %d: re-read of STARTs stopped at offset %s; %d redeliveries wait "
                     "for the next round",
-                    partition, reached, waiting,
+                    partition, scanned[-1][1] if scanned else "-", waiting,
                 )  # fmt: skip
         return loaded
 

@@ -7,9 +7,11 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.errors import KafkaTimeoutError
 
 import kmq
 import tracker.daemon as tracker_daemon
@@ -341,6 +343,31 @@ def test_a_start_re_read_cut_short_still_makes_progress(
     wait_until(lambda: tracker.stats()["redeliveries"] >= 3, 20, "all three redeliveries")
     copies = Counter(mid for mid, attempt in queue_records(broker, topics.queue) if attempt == 2)
     assert copies == Counter(ids)
+
+
+def test_a_start_re_read_that_fails_is_retried(
+    monkeypatch: pytest.MonkeyPatch, service: kmq.Service, tracker: Tracker
+) -> None:
+    real = Tracker._read_starts
+    failures: list[int] = []
+
+    def flaky(self: Tracker, partition: int, wanted: Any) -> Any:
+        if not failures:
+            failures.append(partition)
+            raise KafkaTimeoutError("injected: the re-read failed")
+        return real(self, partition, wanted)
+
+    monkeypatch.setattr(Tracker, "_read_starts", flaky)
+    q = service.queue("reread")
+    sent = q.producer().send(b"again")
+    with q.consumer() as consumer:
+        msg = consumer.receive(timeout_s=15)
+        assert msg is not None
+        msg.nack()
+        again = consumer.receive(timeout_s=10)
+        assert again is not None and (again.id, again.attempt) == (sent, 2)
+        again.ack()
+    assert failures, "the fault was never hit"
 
 
 def test_oversize_payload_is_rejected_before_anything_is_written(
