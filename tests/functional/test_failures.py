@@ -68,6 +68,18 @@ def test_keepalive_lets_a_worker_hold_a_message_three_timeouts(
     assert tracker.stats()["redeliveries"] == 0
 
 
+def assert_nacked_message_comes_back(q: kmq.Queue) -> None:
+    """Send one message, nack it, and get it back as attempt 2 (the tracker is working)."""
+    sent = q.producer().send(b"again")
+    with q.consumer() as consumer:
+        msg = consumer.receive(timeout_s=15)
+        assert msg is not None
+        msg.nack()
+        again = consumer.receive(timeout_s=10)
+        assert again is not None and (again.id, again.attempt) == (sent, 2)
+        again.ack()
+
+
 def six_jobs_half_held(
     broker: Broker,
     topics: Topics,
@@ -310,16 +322,7 @@ def test_tracker_survives_garbage_on_the_markers_topic(
     assert stats["unknown_delivery"] >= 4
     assert stats["duplicate_start"] >= 2
     assert stats["bad_lease"] >= 4
-    # Still working: an interrupted message comes back.
-    q = service.queue("after-junk")
-    sent = q.producer().send(b"ok")
-    with q.consumer() as consumer:
-        msg = consumer.receive(timeout_s=15)
-        assert msg is not None
-        msg.nack()
-        again = consumer.receive(timeout_s=10)
-        assert again is not None and (again.id, again.attempt) == (sent, 2)
-        again.ack()
+    assert_nacked_message_comes_back(service.queue("after-junk"))  # still working
 
 
 def test_a_start_re_read_cut_short_still_makes_progress(
@@ -358,15 +361,7 @@ def test_a_start_re_read_that_fails_is_retried(
         return real(self, partition, wanted)
 
     monkeypatch.setattr(Tracker, "_read_starts", flaky)
-    q = service.queue("reread")
-    sent = q.producer().send(b"again")
-    with q.consumer() as consumer:
-        msg = consumer.receive(timeout_s=15)
-        assert msg is not None
-        msg.nack()
-        again = consumer.receive(timeout_s=10)
-        assert again is not None and (again.id, again.attempt) == (sent, 2)
-        again.ack()
+    assert_nacked_message_comes_back(service.queue("reread"))
     assert failures, "the fault was never hit"
 
 
