@@ -40,6 +40,7 @@ class Tracker:
         self._fresh: set[int] = set()  # assigned, first batch not read yet
         self._next_commit = 0.0
         self._membership_ok = True
+        self._confirmed_at = float("-inf")
         self._next_stats = time.monotonic() + config.stats_interval_s
         self._kc = KafkaConsumer(
             bootstrap_servers=config.bootstrap_servers,
@@ -208,13 +209,14 @@ class Tracker:
         swapped-out VM, a long GC-like stall) has been evicted and its partitions handed to
         another replica, which redelivers the expired leases; on waking, its own state says
         the same leases are overdue. It must not act on them until the coordinator has
-        answered it again, so redeliveries wait for a heartbeat answered within two thirds of
-        the session timeout (the last third covers the answer's time in transit) or a fresh
-        join. The broker fences the zombie's offset commits by itself.
+        answered it again, so redeliveries wait until a heartbeat sent within two thirds of the
+        session timeout has been answered, or a join completed, and no rejoin is pending. The
+        broker fences the zombie's offset commits by itself.
         """
-        confirmed_at = _membership_confirmed_at(self._kc)
+        confirmed_at = _membership_confirmed_at(self._kc, self._confirmed_at)
         if confirmed_at is None:
             return True  # not a kafka-python we know: nothing to judge by
+        self._confirmed_at = confirmed_at
         current = now - confirmed_at < self.config.session_timeout_ms / 1000 * 2 / 3
         if current != self._membership_ok:
             self._membership_ok = current
@@ -552,18 +554,29 @@ def _clusters(actions: list[Redeliver]) -> list[list[Redeliver]]:
     return clusters
 
 
-def _membership_confirmed_at(consumer: KafkaConsumer) -> float | None:
-    """Monotonic time of the last sign that ``consumer`` is a member of its group in good
-    standing: an answered heartbeat or a completed join. None while it is not (rejoining,
-    or kicked out), or if this kafka-python keeps that elsewhere."""
+def _membership_confirmed_at(consumer: KafkaConsumer, known: float) -> float | None:
+    """Monotonic time at which ``consumer``'s group coordinator last surely counted it a
+    member in good standing: the *send* time of the latest answered heartbeat (an answer
+    processed late, after a freeze, says nothing about the freeze), or a completed join.
+    ``known`` is what the previous call returned. -inf while it is not a member in good
+    standing (rejoining, asked to rejoin, kicked out); None if this kafka-python keeps none
+    of this where we look."""
     coordinator = getattr(consumer, "_coordinator", None)
     heartbeat = getattr(coordinator, "heartbeat", None)
     stable = getattr(coordinator, "stable", None)
-    last_receive = getattr(heartbeat, "last_receive", None)
-    last_reset = getattr(heartbeat, "last_reset", None)
-    if not (callable(stable) and isinstance(last_receive, float) and isinstance(last_reset, float)):
+    need_rejoin = getattr(coordinator, "need_rejoin", None)
+    times = [getattr(heartbeat, name, None) for name in ("last_send", "last_receive", "last_reset")]
+    if not (callable(stable) and callable(need_rejoin)) or not all(
+        isinstance(t, float) for t in times
+    ):
         return None
-    return max(last_receive, last_reset) if stable() else float("-inf")
+    last_send, last_receive, last_reset = (float(t) for t in times)  # type: ignore[arg-type]
+    if not stable() or need_rejoin():
+        return float("-inf")
+    confirmed = max(known, last_reset)
+    if last_receive >= last_send:  # the latest heartbeat was answered (the loop is serial)
+        confirmed = max(confirmed, last_send)
+    return confirmed
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
