@@ -32,10 +32,20 @@ def broker_binary() -> str:
 
 
 class EmbeddedBroker:
-    """A Tansu broker on 127.0.0.1. ``with EmbeddedBroker() as b: b.bootstrap_servers``."""
+    """A Tansu broker on 127.0.0.1. ``with EmbeddedBroker() as b: b.bootstrap_servers``.
 
-    def __init__(self, port: int | None = None, log_path: Path | None = None) -> None:
+    ``advertised_port``: the port it tells clients to use after bootstrap (its own by
+    default); a proxy's port puts every client connection through that proxy.
+    """
+
+    def __init__(
+        self,
+        port: int | None = None,
+        log_path: Path | None = None,
+        advertised_port: int | None = None,
+    ) -> None:
         self.port = port or free_port()
+        self.advertised_port = advertised_port or self.port
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -44,7 +54,6 @@ class EmbeddedBroker:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 20.0) -> EmbeddedBroker:
-        url = f"tcp://127.0.0.1:{self.port}"
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         try:
             self.process = subprocess.Popen(
@@ -52,9 +61,11 @@ class EmbeddedBroker:
                     broker_binary(),
                     "broker",
                     "--listener-url",
-                    url,
+                    f"tcp://127.0.0.1:{self.port}",
                     "--advertised-listener-url",
-                    url,
+                    f"tcp://127.0.0.1:{self.advertised_port}",
+                    "--storage-engine",
+                    "memory://tansu/",
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -46,8 +46,8 @@ from pathlib import Path
 import pytest
 
 import kmq
+from kmq.embedded import EmbeddedBroker
 from kmq.topics import ensure_topics
-from tests.chaos.broker import ProxiedBroker
 from tests.chaos.ledger import (
     Incarnation,
     Ledgers,
@@ -337,7 +337,9 @@ def test_chaos(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
         )
         started = time.time()
         proxy = FaultProxy()
-        broker = ProxiedBroker(proxy.port, run_dir / "tansu.log").start()
+        # Advertising the proxy's port puts every client connection through the proxy.
+        broker = EmbeddedBroker(log_path=run_dir / "tansu.log", advertised_port=proxy.port)
+        broker.start()
         stack.callback(broker.stop)
         proxy.start(broker.port)
         stack.callback(proxy.close)
