@@ -72,6 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--max-in-flight", type=int, default=10)
     worker.add_argument("--nack-probability", type=float, default=0.03)
     worker.add_argument("--max-work-ms", type=float, default=60.0)
+    worker.add_argument(
+        "--handlers", type=int, default=1, help="threads receiving from each queue's consumer"
+    )
     producer = roles.choices["producer"]
     producer.add_argument("--count", type=int, required=True)
     producer.add_argument("--rate", type=float, required=True, help="messages per second, at most")
@@ -137,14 +140,16 @@ def run_worker(args: argparse.Namespace) -> None:
         except BaseException:
             _crash(f"consumer of queue {consumer.queue!r}")
 
+    # receive() is thread-safe: several handlers per consumer are a worker pool.
     threads = [
         threading.Thread(
             target=consume,
-            args=(consumer, random.Random(f"{args.seed}/{args.name}/{consumer.queue}")),
-            name=f"chaos-{consumer.queue}",
+            args=(consumer, random.Random(f"{args.seed}/{args.name}/{consumer.queue}/{i}")),
+            name=f"chaos-{consumer.queue}-{i}",
             daemon=True,
         )
         for consumer in consumers
+        for i in range(args.handlers)
     ]
     for thread in threads:
         thread.start()

@@ -19,8 +19,12 @@ knob is an environment variable; ``make chaos`` runs the full one::
                             2-core machine saturated for half an hour misses 2 s heartbeats
                             and its groups then never stop rebalancing)
     KMQ_CHAOS_WORKER_KILL_EVERY_S, KMQ_CHAOS_TRACKER_KILL_EVERY_S
-                            mean time between kills (5 and 15; full run 15 and 45, so the
+                            mean time between kills (5 and 15; full run 20 and 60, so the
                             groups get to settle between kills at 6 s sessions)
+    KMQ_CHAOS_MAX_IN_FLIGHT, KMQ_CHAOS_HANDLERS
+                            each worker consumer's max_in_flight and the threads that
+                            receive from it (10 and 1; full run 40 and 4: a worker pool, so
+                            the workers keep up with the producers between kills)
     KMQ_CHAOS_KEEP          1: keep the run's directory (ledgers, logs) even after a pass
 
 What is checked, and how, is in :mod:`tests.chaos.ledger`. The run prints its seed and its
@@ -93,6 +97,8 @@ class Params:
     queues: int = 4
     producers: int = len(PRODUCER_SKEWS_S)
     worker_max_in_flight: int = 10
+    worker_handlers: int = 1
+    """Threads per queue in each worker, each receiving and "processing" one message at a time."""
     worker_max_work_ms: float = 100.0
     """Each message takes 0 to this long to "process", so a SIGKILL often catches some held."""
     nack_probability: float = 0.03
@@ -117,6 +123,8 @@ class Params:
             session_timeout_ms=int(_env_number("KMQ_CHAOS_SESSION_TIMEOUT_MS", 2000)),
             worker_kill_every_s=_env_number("KMQ_CHAOS_WORKER_KILL_EVERY_S", 5.0),
             tracker_kill_every_s=_env_number("KMQ_CHAOS_TRACKER_KILL_EVERY_S", 15.0),
+            worker_max_in_flight=int(_env_number("KMQ_CHAOS_MAX_IN_FLIGHT", 10)),
+            worker_handlers=int(_env_number("KMQ_CHAOS_HANDLERS", 1)),
         )
 
     @property
@@ -157,7 +165,8 @@ class Params:
             f"queues={self.queues} workers={self.workers} trackers={self.trackers} "
             f"producers={self.producers} lease={self.lease_s:g}s chaos={self.chaos_s:g}s "
             f"session={self.session_timeout_ms}ms kill_every={self.worker_kill_every_s:g}s/"
-            f"{self.tracker_kill_every_s:g}s"
+            f"{self.tracker_kill_every_s:g}s in_flight={self.worker_max_in_flight} "
+            f"handlers={self.worker_handlers}"
         )
 
 
@@ -388,6 +397,7 @@ def test_chaos(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
                     "--max-in-flight", str(params.worker_max_in_flight),
                     "--nack-probability", str(params.nack_probability),
                     "--max-work-ms", str(params.worker_max_work_ms),
+                    "--handlers", str(params.worker_handlers),
                 ]  # fmt: skip
             share = params.messages // params.producers
             count = share + (params.messages % params.producers if slot.index == 0 else 0)
@@ -507,8 +517,10 @@ def _drain(
     """Read the markers until every sent message is settled. A loaded machine may still be
     working off a backlog: give up only once nothing was settled for ``drain_s`` (or at the
     overall cap); whatever is unsettled then is lost."""
-    cap = time.monotonic() + params.drain_cap_s
-    stuck_at = time.monotonic() + params.drain_s
+    started = time.monotonic()
+    cap = started + params.drain_cap_s
+    stuck_at = started + params.drain_s
+    next_progress = started + 30
     missing = len(sent)
     while True:
         tail.read_to_end(markers.add, timeout_s=60)
@@ -517,6 +529,9 @@ def _drain(
             missing, stuck_at = still, time.monotonic() + params.drain_s
         if not missing or time.monotonic() > min(stuck_at, cap):
             return
+        if params.chaos_s > 120 and time.monotonic() >= next_progress:
+            next_progress = time.monotonic() + 30
+            say(f"chaos drain: {time.monotonic() - started:.0f}s unsettled={missing}")
         _respawn_crashed(cluster, say)
 
 
