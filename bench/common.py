@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import math
 import os
@@ -23,6 +22,8 @@ from typing import Any
 
 from kafka import KafkaAdminClient
 from kafka.admin import NewTopic
+
+from kmq.embedded import die_with_parent
 
 JSON = dict[str, Any]
 
@@ -160,12 +161,6 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: never outlive the benchmark
-
-
 class Child:
     """A child process; JSON lines on its stdout are events, other lines are kept as text."""
 
@@ -183,7 +178,7 @@ class Child:
             text=True,
             bufsize=1,
             env=env,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent(),  # never outlive the benchmark
         )
         self.lines: list[str] = []
         self._events: queue.Queue[JSON] = queue.Queue()

