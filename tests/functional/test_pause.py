@@ -34,7 +34,7 @@ def test_paused_queue_delivers_and_redelivers_nothing_until_resumed(
         assert tracker.stats()["redeliveries"] == 0
         resumed_at = time.monotonic()
         q.resume()
-        got = {}
+        got: dict[bytes, int] = {}
         deadline = time.monotonic() + 15
         while len(got) < 2 and time.monotonic() < deadline:
             msg = consumer.receive(timeout_s=0.5)

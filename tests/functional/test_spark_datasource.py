@@ -165,7 +165,7 @@ def test_write_enqueues_like_send(spark: SparkSession, bootstrap: str) -> None:
     assert {r["attempt"] for r in back.values()} == {1}
     assert len({r["partition"] for r in back.values()}) == 3  # spread like send()
     with kmq.Service(config) as svc, svc.queue("jobs").consumer() as consumer:
-        got = {}
+        got: dict[str, kmq.Message] = {}
         while len(got) < 30:
             message = consumer.receive(timeout_s=30)
             assert message is not None, f"only {len(got)} of 30 messages arrived"

@@ -100,7 +100,9 @@ def test_marker_columns_keep_every_field_and_name_unknown_types() -> None:
             _marker_record(1, future.SerializeToString()),
             _marker_record(2, b"\xff\xff"),
             _marker_record(3, None),
-            _marker_record(4, marker_pb2.Marker(version=1, type=3).SerializeToString()),
+            _marker_record(
+                4, marker_pb2.Marker(version=1, type=marker_pb2.END).SerializeToString()
+            ),
         ]
     )
     rows = _rows(cols)

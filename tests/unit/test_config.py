@@ -64,7 +64,7 @@ def test_bootstrap_forms_accepted(servers: Any, expected: str) -> None:
         ("create_topics", False),
     ],
 )
-def test_service_config_boundary_values_accepted(field: str, value: object) -> None:
+def test_service_config_boundary_values_accepted(field: str, value: Any) -> None:
     cfg = kmq.ServiceConfig(bootstrap_servers=BOOTSTRAP, **{field: value})
     assert getattr(cfg, field) == value
 
@@ -74,7 +74,7 @@ def test_redelivery_timeout_is_normalised_to_float() -> None:
     assert type(cfg.redelivery_timeout_s) is float
 
 
-BAD_BOOTSTRAP = [
+BAD_BOOTSTRAP: list[Any] = [
     "",
     "   ",
     "localhost",
@@ -124,7 +124,7 @@ def _field_pattern(field: str) -> str:
 
 @pytest.mark.parametrize(("field", "value"), BAD_SERVICE)
 def test_service_config_rejects(field: str, value: object) -> None:
-    settings = {"bootstrap_servers": BOOTSTRAP, field: value}
+    settings: dict[str, Any] = {"bootstrap_servers": BOOTSTRAP, field: value}
     with pytest.raises(kmq.ConfigError, match=_field_pattern(field)):
         kmq.ServiceConfig(**settings)
 
@@ -152,7 +152,7 @@ BAD_CONSUMER = [
 
 
 @pytest.mark.parametrize(("field", "value"), BAD_CONSUMER)
-def test_consumer_config_rejects(field: str, value: object) -> None:
+def test_consumer_config_rejects(field: str, value: Any) -> None:
     with pytest.raises(kmq.ConfigError, match=re.escape(field)):
         kmq.ConsumerConfig(**{field: value})
 
@@ -183,7 +183,7 @@ BAD_TRACKER = [
 
 @pytest.mark.parametrize(("field", "value"), BAD_TRACKER)
 def test_tracker_config_rejects(field: str, value: object) -> None:
-    settings = {"bootstrap_servers": BOOTSTRAP, field: value}
+    settings: dict[str, Any] = {"bootstrap_servers": BOOTSTRAP, field: value}
     with pytest.raises(kmq.ConfigError, match=_field_pattern(field)):
         TrackerConfig(**settings)
 
