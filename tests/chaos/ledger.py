@@ -300,9 +300,9 @@ class Report:
     send_failures: int = 0
     gave_up: int = 0
     skewed_markers: tuple[int, int] = (0, 0)
-    """Worker markers stamped over a minute ahead of / behind the real time of the run."""
+    """Worker STARTs and ENDs stamped over a minute ahead of / behind when they were written."""
     skewed_records: tuple[int, int] = (0, 0)
-    """First-attempt queue records stamped over a minute ahead / behind."""
+    """First-attempt queue records stamped over a minute ahead of / behind when written."""
     elapsed_s: float = 0.0
 
     def delay_percentile(self, q: float) -> float | None:
@@ -330,6 +330,8 @@ class Report:
             f"redelivery_delay_beyond_lease p50={seconds(self.delay_percentile(0.5))} "
             f"p99={seconds(self.delay_percentile(0.99))} "
             f"max={seconds(max(self.delays_beyond_lease_s, default=None))} "
+            f"skewed ahead/behind: markers={self.skewed_markers[0]}/{self.skewed_markers[1]} "
+            f"records={self.skewed_records[0]}/{self.skewed_records[1]} "
             f"elapsed={self.elapsed_s:.0f}s"
         )
 
@@ -362,7 +364,7 @@ def check(run: RunLog, ledgers: Ledgers, markers: MarkerLog, queue: QueueLog) ->
     report.resets = sum(1 for f in run.faults if f.kind == "reset")
     report.stalls = sum(1 for f in run.faults if f.kind == "stall")
     _check_settlement(report, ledgers, markers)
-    _check_skew(report, run, markers, queue)
+    _check_skew(report, ledgers, markers, queue)
     _check_redeliveries(report, run, ledgers, markers, queue)
     return report
 
@@ -380,19 +382,45 @@ def _check_settlement(report: Report, ledgers: Ledgers, markers: MarkerLog) -> N
     report.nacks = sum(1 for e in ledgers.events if e.kind == "nacked")
 
 
-def _check_skew(report: Report, run: RunLog, markers: MarkerLog, queue: QueueLog) -> None:
-    """How many records carry a timestamp over a minute outside the run: the skew is real."""
-    lo, hi = run.started - 60, run.finished + 60
-    worker_stamps = [r.timestamp_s for r in markers.records if r.marker.type in WORKER_MARKER_TYPES]
-    report.skewed_markers = (
-        sum(1 for t in worker_stamps if t > hi),
-        sum(1 for t in worker_stamps if t < lo),
-    )
-    first_stamps = [r.timestamp_s for r in queue.records if r.attempt == 1]
-    report.skewed_records = (
-        sum(1 for t in first_stamps if t > hi),
-        sum(1 for t in first_stamps if t < lo),
-    )
+SKEW_MARGIN_S = 60.0
+"""A record counts as skewed when its stamp lies this far outside when it can have been written."""
+SEND_WINDOW_S = 60.0
+"""How long before ``send()`` returned its record may have been written (retries, stalls)."""
+
+
+def _check_skew(report: Report, ledgers: Ledgers, markers: MarkerLog, queue: QueueLog) -> None:
+    """How many records carry a stamp over a minute outside the real time they were written:
+    the skew is real. Each record's write time is bounded by the ledgers (a record exists
+    before ``send()`` returns; a START before its delivery is taken; an END after the take
+    and before ``ack()`` returns), so the count holds for a run of any length."""
+    took: defaultdict[tuple[str, Delivery], list[float]] = defaultdict(list)
+    acked: defaultdict[tuple[str, Delivery], list[float]] = defaultdict(list)
+    for e in ledgers.events:
+        if e.kind == "took":
+            took[e.id, e.delivery].append(e.t)
+        elif e.kind == "acked":
+            acked[e.id, e.delivery].append(e.t)
+    ahead = behind = 0
+    for r in markers.records:
+        key = (r.marker.message_id, (r.marker.partition, r.marker.offset))
+        if r.marker.type is MarkerType.START:
+            sent = ledgers.sent.get(r.marker.message_id)
+            lo = None if sent is None else sent - SEND_WINDOW_S
+            hi = max(took[key]) if key in took else None
+        elif r.marker.type is MarkerType.END and key in took and key in acked:
+            lo, hi = min(took[key]), max(acked[key])
+        else:
+            continue
+        ahead += hi is not None and r.timestamp_s > hi + SKEW_MARGIN_S
+        behind += lo is not None and r.timestamp_s < lo - SKEW_MARGIN_S
+    report.skewed_markers = (ahead, behind)
+    ahead = behind = 0
+    for q in queue.records:
+        sent = ledgers.sent.get(q.id)
+        if q.attempt == 1 and sent is not None:
+            ahead += q.timestamp_s > sent + SKEW_MARGIN_S
+            behind += q.timestamp_s < sent - SEND_WINDOW_S - SKEW_MARGIN_S
+    report.skewed_records = (ahead, behind)
 
 
 def _check_redeliveries(

@@ -11,6 +11,7 @@ from tests.chaos.ledger import (
     MarkerLog,
     MarkerRecord,
     QueueLog,
+    QueueRecord,
     Report,
     RunLog,
     WorkerEvent,
@@ -56,13 +57,14 @@ def run_check(
     events: list[WorkerEvent],
     markers: list[MarkerRecord],
     faults: tuple[Fault, ...] = (),
+    run_s: float = 60.0,
 ) -> Report:
     run = RunLog(
         seed=1,
         lease_s=LEASE_S,
         fault_grace_s=1.0,
         started=T0,
-        finished=T0 + 60,
+        finished=T0 + run_s,
         incarnations=incarnations,
         faults=list(faults),
     )
@@ -82,6 +84,28 @@ def test_acked_message_is_settled() -> None:
     )
     assert (report.lost, report.acked_without_end, report.redeliveries) == ([], [], 0)
     assert report.skewed_markers == (2, 0)
+
+
+def test_skew_is_seen_early_in_a_long_run() -> None:
+    # Stamped 300 s ahead, written an hour before the run ended: ahead of when it was written.
+    report = run_check(
+        [worker("w0.1", AHEAD_S)],
+        [event("took", "w0.1", T0 + 1), event("acked", "w0.1", T0 + 1.1)],
+        [marker(MarkerType.START, T0 + 1 + AHEAD_S), marker(MarkerType.END, T0 + 1.1 + AHEAD_S)],
+        run_s=3600,
+    )
+    assert report.skewed_markers == (2, 0)
+
+
+def test_unskewed_markers_are_not_counted_skewed() -> None:
+    # Taken 50 s after it was sent (a backlog), acked 30 s later: no stamp is off.
+    report = run_check(
+        [worker("w0.1", 0.0)],
+        [event("took", "w0.1", T0 + 50), event("acked", "w0.1", T0 + 80)],
+        [marker(MarkerType.START, T0 + 49), marker(MarkerType.END, T0 + 79)],
+        run_s=3600,
+    )
+    assert report.skewed_markers == (0, 0)
 
 
 def test_message_without_end_is_lost() -> None:
@@ -239,3 +263,16 @@ def test_redelivery_of_a_buffered_message_is_explained_by_the_kill_of_its_starte
     )
     assert report.causes == {"buffered_killed": 1}
     assert report.early == []
+
+
+def test_queue_record_skew_is_measured_against_its_send() -> None:
+    other = "n" * 32
+    queue = QueueLog()
+    queue.records += [
+        QueueRecord(0, 0, T0 + 10 + 240, MID, 1),  # producer 240 s ahead
+        QueueRecord(0, 1, T0 + 20 - 240, other, 1),  # producer 240 s behind
+        QueueRecord(0, 2, T0 + 20 + 240, other, 2),  # a tracker's copy: not the producer's
+    ]
+    run = RunLog(1, LEASE_S, 1.0, T0, T0 + 3600, [], [])
+    report = check(run, Ledgers(sent={MID: T0 + 10, other: T0 + 20}), MarkerLog(), queue)
+    assert report.skewed_records == (1, 1)
