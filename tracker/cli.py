@@ -55,6 +55,14 @@ from tracker.config import TrackerConfig
     "--stats-interval-s", envvar="KMQ_STATS_INTERVAL_S", show_envvar=True, type=float, default=30.0
 )
 @click.option(
+    "--max-message-bytes",
+    envvar="KMQ_MAX_MESSAGE_BYTES",
+    show_envvar=True,
+    type=int,
+    default=1_000_000,
+    help="The SDK's max_message_bytes: the largest message the tracker must redeliver.",
+)
+@click.option(
     "--transactional/--no-transactional",
     envvar="KMQ_TRANSACTIONAL",
     show_envvar=True,
@@ -78,6 +86,7 @@ def main(
     session_timeout_ms: int,
     commit_interval_s: float,
     stats_interval_s: float,
+    max_message_bytes: int,
     transactional: bool,
     log_level: str,
 ) -> None:
@@ -99,6 +108,7 @@ def main(
             session_timeout_ms=session_timeout_ms,
             commit_interval_s=commit_interval_s,
             stats_interval_s=stats_interval_s,
+            max_message_bytes=max_message_bytes,
             transactional=transactional,
         )
     except KmqError as exc:

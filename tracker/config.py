@@ -25,6 +25,9 @@ class TrackerConfig:
     redelivery_retry_s: float = 1.0
     stats_interval_s: float = 30.0
     client_id: str = "kmq-tracker"
+    max_message_bytes: int = 1_000_000
+    """The SDK's ``max_message_bytes``: set both the same, or the tracker cannot write the
+    copies and dead letters of messages the SDK let through."""
     transactional: bool = False
     """Write each round's copies, their markers and the markers-offset commit in one Kafka
     transaction, closing the window where a crash between copy and marker duplicates it."""
@@ -48,5 +51,6 @@ class TrackerConfig:
         check_positive_int(self.max_redeliveries_per_round, "max_redeliveries_per_round")
         check_seconds(self.redelivery_retry_s, "redelivery_retry_s", maximum=3600)
         check_seconds(self.stats_interval_s, "stats_interval_s", maximum=86400)
+        check_positive_int(self.max_message_bytes, "max_message_bytes", minimum=1024)
         if not isinstance(self.transactional, bool):
             raise ConfigError(f"transactional must be a bool, got {self.transactional!r}")

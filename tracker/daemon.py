@@ -26,6 +26,11 @@ from tracker.state import PartitionState, Redeliver, complete
 
 log = logging.getLogger("kmq.tracker")
 
+_DEAD_LETTER_HEADROOM_BYTES = 64 * 1024
+"""A copy is never larger than the START it comes from, which the SDK kept within
+max_message_bytes; a dead letter also carries its origin and last reason as headers. This
+only loosens kafka-python's client-side check: the broker's own limit still applies."""
+
 
 class Tracker:
     """One kmq-tracker replica. :meth:`run` blocks until :meth:`stop` is called."""
@@ -64,6 +69,7 @@ class Tracker:
                 transactional_id=f"{config.group_id}-{uuid.uuid4().hex[:12]}",
                 acks="all",
                 enable_idempotence=True,
+                max_request_size=config.max_message_bytes + _DEAD_LETTER_HEADROOM_BYTES,
                 request_timeout_ms=config.request_timeout_ms,
             )
             self._txn.init_transactions()
@@ -82,6 +88,7 @@ class Tracker:
             acks="all",
             enable_idempotence=True,
             linger_ms=2,
+            max_request_size=config.max_message_bytes + _DEAD_LETTER_HEADROOM_BYTES,
             request_timeout_ms=config.request_timeout_ms,
         )
 

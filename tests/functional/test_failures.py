@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -10,14 +11,15 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import NewTopic
 from kafka.errors import KafkaTimeoutError
 
 import kmq
 import tracker.daemon as tracker_daemon
 from kmq.markers import Marker, MarkerType, encode
 from kmq.records import parse_queue_headers
-from tests.functional.conftest import Broker, Topics, tracker_argv, worker_argv
+from tests.functional.conftest import Broker, RunningTracker, Topics, tracker_argv, worker_argv
 from tests.functional.helpers import Child, Children, read_markers, wait_until
 from tracker.config import TrackerConfig
 from tracker.daemon import Tracker
@@ -389,3 +391,61 @@ def test_oversize_payload_is_rejected_before_anything_is_written(
         msg = consumer.receive(timeout_s=15)
         assert msg is not None and msg.id == sent and msg.payload == fits
         msg.ack()
+
+
+def test_message_larger_than_kafka_pythons_default_limit_is_redelivered(
+    broker: Broker, topics: Topics, tracker_config: TrackerConfig
+) -> None:
+    """A 2 MB message (kafka-python refuses records over 1 MiB unless told otherwise) under
+    max_message_bytes=3 MB comes back after a nack: the tracker's producer takes its limit
+    from its own max_message_bytes."""
+    limit = 3_000_000
+    tag = f"{topics.queue}.big"
+    config = kmq.ServiceConfig(
+        bootstrap_servers=broker.bootstrap_servers,
+        queue_topic=f"{tag}.queue",
+        marker_topic=f"{tag}.markers",
+        control_topic=topics.control,
+        redelivery_timeout_s=1.0,
+        session_timeout_ms=broker.session_timeout_ms,
+        queue_partitions=1,
+        marker_partitions=1,
+        max_message_bytes=limit,
+        create_topics=False,
+    )
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
+    try:  # a stock Apache Kafka accepts 1 MB records unless the topic says more
+        big = {"max.message.bytes": str(limit + 100_000)}
+        admin.create_topics(
+            [NewTopic(config.queue_topic, 1, 1, topic_configs=big),
+             NewTopic(config.marker_topic, 1, 1, topic_configs=big)]
+        )  # fmt: skip
+    finally:
+        admin.close()
+    running = RunningTracker(
+        dataclasses.replace(
+            tracker_config,
+            queue_topic=config.queue_topic,
+            marker_topic=config.marker_topic,
+            group_id=f"tracker-{tag}",
+            max_message_bytes=limit,
+        )
+    )
+    payload = os.urandom(2_000_000)
+    try:
+        assert running.tracker.wait_caught_up(30), "tracker never caught up"
+        with kmq.Service(config) as svc:
+            q = svc.queue("big")
+            sent = q.producer().send(payload)
+            with q.consumer() as consumer:
+                first = consumer.receive(timeout_s=20)
+                assert first is not None and first.id == sent and first.payload == payload
+                first.nack(0.0, reason="once more")
+                again = consumer.receive(timeout_s=20)
+                assert again is not None, "the 2 MB message was not redelivered"
+                assert (again.id, again.attempt) == (sent, 2)
+                assert again.payload == payload
+                again.ack()
+        assert running.tracker.stats()["redeliveries"] == 1
+    finally:
+        running.stop()

@@ -178,6 +178,8 @@ BAD_TRACKER = [
     ("poll_timeout_ms", 0),
     ("max_redeliveries_per_round", 0),
     ("max_redeliveries_per_round", 1.5),
+    ("max_message_bytes", 1023),
+    ("max_message_bytes", True),
 ]
 
 
