@@ -86,6 +86,8 @@ class Message:
     def nack(self, delay_s: float | None = None, reason: str = "", *, wait: bool = True) -> None:
         """Give it back: it is redelivered after ``delay_s`` seconds with ``attempt + 1``.
 
+        ``reason`` (kept to its first 1,000 characters) travels with the message: onto the
+        tracker's REDELIVERED marker and, once it is dead-lettered, into the dead letter.
         Without ``delay_s`` the queue's :class:`kmq.RetryPolicy` picks a jittered exponential
         backoff. Past the policy's ``max_attempts`` it goes to the dead-letter queue instead.
         ``wait`` as for :meth:`ack`.
@@ -99,19 +101,28 @@ class Message:
                     f"delay_s must be within [0, {MAX_REDELIVERY_TIMEOUT_S:g}], got {delay_s!r}"
                 )
             delay_ms = round(delay_s * 1000)
-        if not isinstance(reason, str):
-            raise InvalidArgumentError("reason must be a str")
-        self._consumer._settle(self, State.NACKED, delay_ms, reason, wait)
+        self._consumer._settle(self, State.NACKED, delay_ms, _reason(reason), wait)
 
     def reject(self, reason: str = "rejected", *, wait: bool = True) -> None:
         """Move it to the queue's dead-letter queue now, keeping payload, headers, id, attempt
-        count, origin queue and ``reason``."""
-        if not isinstance(reason, str):
-            raise InvalidArgumentError("reason must be a str")
-        self._consumer._settle(self, State.REJECTED, 0, reason, wait)
+        count, origin queue and ``reason`` (kept to its first 1,000 characters)."""
+        self._consumer._settle(self, State.REJECTED, 0, _reason(reason), wait)
 
     def __repr__(self) -> str:
         return (
             f"<kmq.Message id={self.id} queue={self.queue!r} attempt={self.attempt} "
             f"at={self.partition}:{self.offset} {self._state.value}>"
         )
+
+
+MAX_REASON_CHARS = 1000
+"""Longer reasons are cut: a reason rides in markers and dead-letter headers, and a marker
+over the record size limit would be refused by the broker."""
+
+
+def _reason(reason: object) -> str:
+    if not isinstance(reason, str):
+        raise InvalidArgumentError(f"reason must be a str, got {type(reason).__name__}")
+    if len(reason) <= MAX_REASON_CHARS:
+        return reason
+    return reason[: MAX_REASON_CHARS - 1] + "…"

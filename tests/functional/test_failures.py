@@ -449,3 +449,31 @@ def test_message_larger_than_kafka_pythons_default_limit_is_redelivered(
         assert running.tracker.stats()["redeliveries"] == 1
     finally:
         running.stop()
+
+
+def test_a_two_megabyte_nack_reason_is_cut_and_the_consumer_carries_on(
+    broker: Broker, topics: Topics, service: kmq.Service, tracker: Tracker
+) -> None:
+    """A reason bigger than the record limit used to make nack() raise kafka-python's
+    MessageSizeTooLargeError and leave the marker stuck in the consumer's writer (close()
+    raised it again)."""
+    q = service.queue("verbose")
+    sent = {q.producer().send(p) for p in (b"a", b"b")}
+    got: list[tuple[str, int]] = []
+    with q.consumer() as consumer:
+        first = consumer.receive(timeout_s=15)
+        assert first is not None
+        first.nack(0.0, reason="x" * 2_000_000)
+        deadline = time.monotonic() + 20
+        while len(got) < 2 and time.monotonic() < deadline:
+            msg = consumer.receive(timeout_s=1)
+            if msg is not None:
+                got.append((msg.id, msg.attempt))
+                msg.ack()
+    other = (sent - {first.id}).pop()
+    assert sorted(got) == sorted([(first.id, 2), (other, 1)])
+    redelivered = [
+        m for m in read_markers(broker.bootstrap_servers, topics.markers)
+        if m.type is MarkerType.REDELIVERED and m.message_id == first.id
+    ]  # fmt: skip
+    assert [m.reason for m in redelivered] == ["x" * 999 + "\u2026"]

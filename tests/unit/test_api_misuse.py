@@ -273,6 +273,28 @@ def test_nack_rejects_bad_delay(delay: Any) -> None:
     assert settler.calls == []
 
 
+@pytest.mark.parametrize("verb", ["nack", "reject"])
+@pytest.mark.parametrize(
+    ("length", "kept"), [(0, 0), (1000, 1000), (1001, 1000), (2_000_000, 1000)]
+)
+def test_long_reasons_are_cut_to_1000_characters(verb: str, length: int, kept: int) -> None:
+    settler = StubSettler()
+    reason = "é" * length
+    getattr(message(settler), verb)(reason=reason)
+    ((_, _, settled_reason),) = settler.calls
+    assert len(settled_reason) == kept
+    if length > kept:
+        assert settled_reason == "é" * 999 + "\u2026"
+
+
+@pytest.mark.parametrize("verb", ["nack", "reject"])
+def test_reason_must_be_a_string(verb: str) -> None:
+    settler = StubSettler()
+    with pytest.raises(kmq.InvalidArgumentError, match="reason must be a str"):
+        getattr(message(settler), verb)(reason=b"bytes")
+    assert settler.calls == []
+
+
 def test_nack_without_delay_leaves_it_to_the_retry_policy() -> None:
     settler = StubSettler()
     message(settler).nack()
