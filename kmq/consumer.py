@@ -13,11 +13,17 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.errors import KafkaError
+from kafka.errors import KafkaError, MessageSizeTooLargeError
 from kafka.structs import OffsetAndMetadata
 
 from kmq.config import AT_MOST_ONCE, ConsumerConfig
-from kmq.errors import BrokerError, ConsumerClosedError, InvalidArgumentError, MessageStateError
+from kmq.errors import (
+    BrokerError,
+    ConsumerClosedError,
+    InvalidArgumentError,
+    MessageStateError,
+    MessageTooLargeError,
+)
 from kmq.marker_writer import MarkerWriter
 from kmq.markers import Marker, MarkerType
 from kmq.message import Message, State
@@ -222,7 +228,14 @@ class Consumer:
                     )
                 self._send(MarkerType.NACK, message, delay_ms, reason)
             if wait or self._writer.pending >= _FLUSH_AT:
-                futures = self._writer.flush(self._producer).get(message.marker_partition, [])
+                try:
+                    flushed = self._writer.flush(self._producer)
+                except KafkaError as exc:
+                    raise BrokerError(
+                        f"{verb} of {message.id} not written ({exc!r}); the message will be "
+                        "redelivered when its lease runs out"
+                    ) from exc
+                futures = flushed.get(message.marker_partition, [])
         if state is State.REJECTED:
             futures = self._dead_letter(message, reason)
         if wait:
@@ -242,13 +255,13 @@ class Consumer:
         try:
             while not self._stop.is_set():
                 self._keepalive_tick()
-                with self._cond:
-                    if self._writer.pending:  # acks made with wait=False, keep-alives
-                        self._writer.flush(self._producer)
                 self._check_pause()
                 room = 0 if self._paused else self._room()
                 self._apply_backpressure(room)
                 try:
+                    with self._cond:
+                        if self._writer.pending:  # acks made with wait=False, keep-alives
+                            self._writer.flush(self._producer)
                     records = self._kc.poll(
                         timeout_ms=self.config.poll_timeout_ms, max_records=max(room, 1)
                     )
@@ -330,6 +343,14 @@ class Consumer:
                 # A partition revoked meanwhile raises here; its new owner re-reads it anyway.
                 with contextlib.suppress(Exception):
                     self._kc.seek(tp, offset)
+            if isinstance(exc, MessageSizeTooLargeError):
+                # Retrying cannot help, and the record would block its partition for good:
+                # fail loudly (receive() raises) and leave the record for a consumer that fits.
+                raise MessageTooLargeError(
+                    f"queue {self.queue!r}: a record's START marker is over this consumer's "
+                    f"max_message_bytes ({self._svc_config.max_message_bytes}); give consumers "
+                    f"(and the tracker) the max_message_bytes of the producers: {exc}"
+                ) from exc
             raise _StartFailed(f"START marker not acknowledged: {exc!r}") from exc
         if txn is None:
             try:

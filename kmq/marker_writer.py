@@ -43,16 +43,28 @@ class MarkerWriter:
     def flush(self, producer: KafkaProducer) -> dict[int, list[Any]]:
         """Send everything pending; the futures of each partition's records, in order."""
         futures: dict[int, list[Any]] = {}
-        for partition, markers in self._pending.items():
-            for chunk in self._chunks(markers):
-                key = chunk[0].message_id.encode() if len(chunk) == 1 else None
-                future = producer.send(
-                    self.topic, key=key, value=encode_batch(chunk), partition=partition
-                )
-                future.add_errback(_log_lost, len(chunk), partition)
-                futures.setdefault(partition, []).append(future)
-        self._pending = {}
-        self.pending = 0
+        # Taken out first: a send that raises (a marker over the size limit) must not leave
+        # its markers behind to fail every later flush. What it did not send is logged; the
+        # caller re-reads STARTs, and any other marker lost only costs a redelivery.
+        pending, self._pending = self._pending, {}
+        unsent, self.pending = self.pending, 0
+        try:
+            for partition, markers in pending.items():
+                for chunk in self._chunks(markers):
+                    key = chunk[0].message_id.encode() if len(chunk) == 1 else None
+                    future = producer.send(
+                        self.topic, key=key, value=encode_batch(chunk), partition=partition
+                    )
+                    unsent -= len(chunk)
+                    future.add_errback(_log_lost, len(chunk), partition)
+                    futures.setdefault(partition, []).append(future)
+        except Exception as exc:
+            log.error(
+                "%d markers not written (%r): a START is read again; a message whose other "
+                "marker was lost is redelivered when its lease runs out",
+                unsent, exc,
+            )  # fmt: skip
+            raise
         return futures
 
     def _chunks(self, markers: list[Marker]) -> list[list[Marker]]:

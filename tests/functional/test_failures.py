@@ -393,13 +393,9 @@ def test_oversize_payload_is_rejected_before_anything_is_written(
         msg.ack()
 
 
-def test_message_larger_than_kafka_pythons_default_limit_is_redelivered(
-    broker: Broker, topics: Topics, tracker_config: TrackerConfig
-) -> None:
-    """A 2 MB message (kafka-python refuses records over 1 MiB unless told otherwise) under
-    max_message_bytes=3 MB comes back after a nack: the tracker's producer takes its limit
-    from its own max_message_bytes."""
-    limit = 3_000_000
+def big_message_topics(broker: Broker, topics: Topics, limit: int) -> kmq.ServiceConfig:
+    """A queue and a markers topic of their own that take records of up to ``limit`` bytes
+    (a stock Apache Kafka takes 1 MB unless the topic says more); a config to match."""
     tag = f"{topics.queue}.big"
     config = kmq.ServiceConfig(
         bootstrap_servers=broker.bootstrap_servers,
@@ -414,7 +410,7 @@ def test_message_larger_than_kafka_pythons_default_limit_is_redelivered(
         create_topics=False,
     )
     admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
-    try:  # a stock Apache Kafka accepts 1 MB records unless the topic says more
+    try:
         big = {"max.message.bytes": str(limit + 100_000)}
         admin.create_topics(
             [NewTopic(config.queue_topic, 1, 1, topic_configs=big),
@@ -422,12 +418,23 @@ def test_message_larger_than_kafka_pythons_default_limit_is_redelivered(
         )  # fmt: skip
     finally:
         admin.close()
+    return config
+
+
+def test_message_larger_than_kafka_pythons_default_limit_is_redelivered(
+    broker: Broker, topics: Topics, tracker_config: TrackerConfig
+) -> None:
+    """A 2 MB message (kafka-python refuses records over 1 MiB unless told otherwise) under
+    max_message_bytes=3 MB comes back after a nack: the tracker's producer takes its limit
+    from its own max_message_bytes."""
+    limit = 3_000_000
+    config = big_message_topics(broker, topics, limit)
     running = RunningTracker(
         dataclasses.replace(
             tracker_config,
             queue_topic=config.queue_topic,
             marker_topic=config.marker_topic,
-            group_id=f"tracker-{tag}",
+            group_id=f"tracker-{config.marker_topic}",
             max_message_bytes=limit,
         )
     )
@@ -477,3 +484,25 @@ def test_a_two_megabyte_nack_reason_is_cut_and_the_consumer_carries_on(
         if m.type is MarkerType.REDELIVERED and m.message_id == first.id
     ]  # fmt: skip
     assert [m.reason for m in redelivered] == ["x" * 999 + "\u2026"]
+
+
+def test_a_record_over_the_consumers_limit_fails_it_loudly_and_is_kept(
+    broker: Broker, topics: Topics
+) -> None:
+    """A producer allowed 3 MB sends 2 MB; a consumer left at the 1 MB default cannot write
+    its START. receive() raises a kmq error that names the setting to fix (it used to end
+    with kafka-python's bare MessageSizeTooLargeError, from the marker left in the writer),
+    and a consumer given the producers' limit then gets the message."""
+    config = big_message_topics(broker, topics, 3_000_000)
+    payload = os.urandom(2_000_000)
+    with kmq.Service(config) as svc:
+        sent = svc.queue("big").producer().send(payload)
+    small = dataclasses.replace(config, max_message_bytes=1_000_000)
+    with kmq.Service(small) as svc, svc.queue("big").consumer() as consumer:
+        with pytest.raises(kmq.ConsumerClosedError, match="max_message_bytes") as failed:
+            consumer.receive(timeout_s=30)
+        assert isinstance(failed.value.__cause__, kmq.MessageTooLargeError)
+    with kmq.Service(config) as svc, svc.queue("big").consumer() as consumer:
+        msg = consumer.receive(timeout_s=30)
+        assert msg is not None and (msg.id, msg.payload) == (sent, payload)
+        msg.ack()
