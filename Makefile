@@ -46,7 +46,7 @@ bench-quick: setup  ## the benchmark in under 2 minutes: bench/results/quick.{js
 
 .PHONY: chaos
 
-chaos: setup  ## the full chaos run, 100,000 messages (an hour or more on 2 cores); `make test` runs a reduced one
+chaos: setup  ## the full chaos run, 100,000 messages (about 35 minutes on 2 cores); `make test` runs a reduced one
 	KMQ_CHAOS_MESSAGES=$${KMQ_CHAOS_MESSAGES:-100000} KMQ_CHAOS_SECONDS=$${KMQ_CHAOS_SECONDS:-1800} \
 	KMQ_CHAOS_SESSION_TIMEOUT_MS=$${KMQ_CHAOS_SESSION_TIMEOUT_MS:-6000} \
 	KMQ_CHAOS_WORKER_KILL_EVERY_S=$${KMQ_CHAOS_WORKER_KILL_EVERY_S:-20} \
