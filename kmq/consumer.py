@@ -347,9 +347,10 @@ class Consumer:
                 # Retrying cannot help, and the record would block its partition for good:
                 # fail loudly (receive() raises) and leave the record for a consumer that fits.
                 raise MessageTooLargeError(
-                    f"queue {self.queue!r}: a record's START marker is over this consumer's "
-                    f"max_message_bytes ({self._svc_config.max_message_bytes}); give consumers "
-                    f"(and the tracker) the max_message_bytes of the producers: {exc}"
+                    f"queue {self.queue!r}: a START marker was refused as too large ({exc}); "
+                    "consumers, the tracker and the markers topic must allow what producers "
+                    f"send (this consumer's max_message_bytes is "
+                    f"{self._svc_config.max_message_bytes})"
                 ) from exc
             raise _StartFailed(f"START marker not acknowledged: {exc!r}") from exc
         if txn is None:
