@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -22,6 +23,9 @@ from kmq.topics import ensure_topics
 from tests.functional.helpers import Children
 from tracker.config import TrackerConfig
 from tracker.daemon import Tracker
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 REDELIVERY_TIMEOUT_S = 1.0
 
@@ -63,6 +67,22 @@ def broker(
     with EmbeddedBroker(log_path=log) as embedded:
         # Tansu settles a group in about half the session timeout, so keep it short.
         yield Broker(embedded.bootstrap_servers, 2000)
+
+
+@pytest.fixture(scope="session")
+def bootstrap(broker: Broker) -> str:
+    """The broker's address, for tests that need nothing else of it."""
+    return broker.bootstrap_servers
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """One local Spark session for every Spark test (pyspark is imported only when used)."""
+    from kmq.spark import get_session
+
+    session = get_session("local[2]", conf={"spark.sql.shuffle.partitions": "4"})
+    yield session
+    session.stop()
 
 
 @pytest.fixture(scope="session")

@@ -4,10 +4,8 @@ written record by record, so every count is known exactly."""
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,30 +17,11 @@ from pyspark.sql import SparkSession
 from kmq._proto import marker_pb2
 from kmq.cli import main
 from kmq.config import ServiceConfig
-from kmq.embedded import EmbeddedBroker
 from kmq.markers import Marker, MarkerType, encode
 from kmq.records import dead_letter_headers, queue_headers
-from kmq.spark import get_session
 from kmq.topics import ensure_topics
 
 MINUTE_MS = 60_000
-
-
-@pytest.fixture(scope="module")
-def bootstrap() -> Iterator[str]:
-    external = os.environ.get("KMQ_TEST_BOOTSTRAP_SERVERS")
-    if external:
-        yield external
-        return
-    with EmbeddedBroker() as broker:
-        yield broker.bootstrap_servers
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    session = get_session("local[2]", conf={"spark.sql.shuffle.partitions": "4"})
-    yield session
-    session.stop()
 
 
 @dataclass

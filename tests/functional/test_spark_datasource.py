@@ -6,36 +6,16 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from collections.abc import Iterator
 
 import pytest
 from kafka import KafkaProducer
 from pyspark.sql import DataFrameReader, SparkSession
 
 import kmq
-from kmq.embedded import EmbeddedBroker
 from kmq.markers import Marker, MarkerType, encode
 from kmq.records import queue_headers
-from kmq.spark import get_session
 from kmq.spark.kafka_io import partition_bounds
 from kmq.topics import ensure_topics
-
-
-@pytest.fixture(scope="module")
-def bootstrap() -> Iterator[str]:
-    external = os.environ.get("KMQ_TEST_BOOTSTRAP_SERVERS")
-    if external:
-        yield external
-        return
-    with EmbeddedBroker() as broker:
-        yield broker.bootstrap_servers
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    session = get_session("local[2]", conf={"spark.sql.shuffle.partitions": "4"})
-    yield session
-    session.stop()
 
 
 def _topics(bootstrap: str, partitions: int = 3) -> kmq.ServiceConfig:
