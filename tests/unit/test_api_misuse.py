@@ -287,14 +287,6 @@ def test_long_reasons_are_cut_to_1000_characters(verb: str, length: int, kept: i
         assert settled_reason == "é" * 999 + "\u2026"
 
 
-@pytest.mark.parametrize("verb", ["nack", "reject"])
-def test_reason_must_be_a_string(verb: str) -> None:
-    settler = StubSettler()
-    with pytest.raises(kmq.InvalidArgumentError, match="reason must be a str"):
-        getattr(message(settler), verb)(reason=b"bytes")
-    assert settler.calls == []
-
-
 def test_nack_without_delay_leaves_it_to_the_retry_policy() -> None:
     settler = StubSettler()
     message(settler).nack()
@@ -304,7 +296,7 @@ def test_nack_without_delay_leaves_it_to_the_retry_policy() -> None:
 @pytest.mark.parametrize("settle", ["nack", "reject"])
 def test_settling_rejects_non_str_reason(settle: str) -> None:
     settler = StubSettler()
-    with pytest.raises(kmq.InvalidArgumentError, match="reason"):
+    with pytest.raises(kmq.InvalidArgumentError, match="reason must be a str"):
         getattr(message(settler), settle)(reason=b"bytes")
     assert settler.calls == []
 
