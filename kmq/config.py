@@ -61,7 +61,11 @@ class ServiceConfig:
     control_topic: str = "kmq.control"
     """Compacted topic holding queue pauses."""
     redelivery_timeout_s: float = 30.0
-    queue_partitions: int = 4
+    queue_partitions: int = 16
+    queue_spread: int = 2
+    """Partitions each queue's records go to (and its group reads; at most
+    ``queue_partitions``), when kmq creates the queue topic. Stored in the topic's layout,
+    so every process agrees. Grow a hot queue's with ``Queue.set_spread()``."""
     marker_partitions: int = 4
     replication_factor: int = 1
     create_topics: bool = True
@@ -87,6 +91,9 @@ class ServiceConfig:
             check_seconds(self.redelivery_timeout_s, "redelivery_timeout_s"),
         )
         check_positive_int(self.queue_partitions, "queue_partitions")
+        check_positive_int(self.queue_spread, "queue_spread")
+        if self.queue_spread > 1024:
+            raise ConfigError(f"queue_spread must be <= 1024, got {self.queue_spread}")
         check_positive_int(self.marker_partitions, "marker_partitions")
         check_positive_int(self.replication_factor, "replication_factor")
         check_positive_int(self.max_message_bytes, "max_message_bytes", minimum=1024)

@@ -1,4 +1,20 @@
-"""Receiving from a logical queue: START before commit, keep-alives, ack and nack."""
+"""Receiving from a logical queue: START before commit, keep-alives, ack and nack.
+
+The consumer is an adapter around two pure cores (:mod:`kmq.leases`): ``Leases`` (every
+message from its START to its settling, in keep-alive order) and ``BatchCycle`` (polled
+batches on their way out). Three threads meet here:
+
+* the poll thread owns the KafkaConsumer: it polls, adds each batch's STARTs to the marker
+  writer, commits a batch once its STARTs are on the broker (``commit_async``), and hands
+  its messages out once that commit is over. Batches overlap: the next batch's STARTs go out
+  while the previous commit is in flight;
+* the marker writer's thread sends markers (:mod:`kmq.marker_writer`);
+* application threads call :meth:`Consumer.receive` and settle messages.
+
+``_cond`` guards the consumer's state and is never held across a broker call: under it,
+markers are only appended to the writer, which keeps the markers of one message in the
+order they were decided.
+"""
 
 from __future__ import annotations
 
@@ -8,36 +24,48 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.errors import KafkaError, MessageSizeTooLargeError
+from kafka.coordinator.assignors.range import RangePartitionAssignor
+from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
+from kmq.assignor import LayoutAssignor
 from kmq.config import AT_MOST_ONCE, ConsumerConfig
 from kmq.errors import (
     BrokerError,
     ConsumerClosedError,
     InvalidArgumentError,
     MessageStateError,
-    MessageTooLargeError,
 )
-from kmq.marker_writer import MarkerWriter
-from kmq.markers import Marker, MarkerType
+from kmq.leases import Actions, Batch, BatchCycle, Leases
+from kmq.marker_writer import Flush, MarkerWriter, marker_partition
+from kmq.markers import QUEUE_LANE, Entry, MarkerType, encode_entries
 from kmq.message import Message, State
-from kmq.records import dead_letter_headers, parse_queue_headers
+from kmq.records import dead_letter_headers, delivery_key, parse_queue_headers
 
 if TYPE_CHECKING:
     from kmq.service import Queue
 
 log = logging.getLogger(__name__)
 
+_START = int(MarkerType.START)
+_KEEPALIVE = int(MarkerType.KEEPALIVE)
+_END = int(MarkerType.END)
+_NACK = int(MarkerType.NACK)
+_RELEASE = int(MarkerType.RELEASE)
+_DEAD_LETTERED = int(MarkerType.DEAD_LETTERED)
 
-_FLUSH_AT = 256
-"""Pending markers at which an ack(wait=False) flushes at once instead of leaving it to the
-background loop (which flushes every poll, at most ``poll_timeout_ms`` later)."""
+_BUSY_POLL_MS = 2
+"""Poll timeout while batches are between START and hand-out: their progress is checked
+after every poll."""
+_LAYOUT_CHECK_S = 1.0
+
+TP = TopicPartition
+CycleBatch = Batch[TopicPartition, Message]
 
 
 class _StartFailed(Exception):
@@ -48,16 +76,19 @@ class Consumer:
     """Receives one logical queue's messages. Use as a context manager, or call :meth:`close`.
 
     A background thread polls Kafka, writes each message's START marker (acknowledged by
-    the broker) before committing its offset, keeps held messages alive with KEEPALIVE
-    markers, and keeps polling with paused partitions while ``max_in_flight`` messages
-    are held, so a slow application never costs the consumer its group membership.
+    the broker) before committing its offset, keeps messages alive with KEEPALIVE markers
+    until they are settled, and keeps polling with paused partitions while
+    ``max_in_flight`` messages are unsettled, so a slow application never costs the
+    consumer its group membership.
     """
 
     def __init__(self, queue: Queue, config: ConsumerConfig) -> None:
         svc = queue.service
         self.queue = queue.id
         self.config = config
+        self._svc = svc
         self._svc_config = cfg = svc.config
+        self._topic = cfg.queue_topic
         self._key = queue.id.encode()
         self._producer = svc.kafka_producer()
         self._lease_ms = cfg.redelivery_timeout_ms
@@ -65,24 +96,38 @@ class Consumer:
         self._request_timeout_s = cfg.request_timeout_ms / 1000
         self._policy = queue.policy
         self._dead_letter_queue = queue.dead_letter_queue
+        self._dlq_text = (queue.policy.dead_letter_queue or "").encode()
         self._at_most_once = config.mode == AT_MOST_ONCE
         self._cond = threading.Condition()
         self._ready: deque[Message] = deque()
-        self._held: dict[tuple[int, int], Message] = {}
+        self._leases: Leases[int, Message] = Leases(self._keepalive_s)
         self._closed = False
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self._next_tick = 0.0
+        self._next_layout_check = 0.0
         self._assigned: frozenset[int] = frozenset()
         self._paused = False
         self._pauses = svc.control_watcher()
+        self._marker_partitions = svc.marker_partition_count()
         self._writer = MarkerWriter(
-            cfg.marker_topic, svc.marker_partition_count(), cfg.max_message_bytes
+            self._producer,
+            cfg.marker_topic,
+            self._marker_partitions,
+            cfg.max_message_bytes,
+            linger_s=config.poll_timeout_ms / 1000,
+            name=f"kmq-markers-{queue.id}",
         )
+        self._cycle: BatchCycle[TopicPartition, Message] = BatchCycle()
+        self._starting: list[tuple[CycleBatch, Flush, frozenset[int]]] = []
+        self._committing: list[tuple[CycleBatch, Any]] = []
         self.group_id = config.group_id or f"kmq.{cfg.queue_topic}.{queue.id}"
+        self._read: dict[int, int | None] = {}
+        self._declared: frozenset[int] = frozenset()
+        self._legacy_done: set[int] = set()
+        self._layout_version = -1
         try:
             self._kc = KafkaConsumer(
-                cfg.queue_topic,
                 bootstrap_servers=cfg.bootstrap_servers,
                 client_id=f"{cfg.client_id}-consumer",
                 group_id=self.group_id,
@@ -93,7 +138,13 @@ class Consumer:
                 request_timeout_ms=max(cfg.request_timeout_ms, cfg.session_timeout_ms + 5000),
                 fetch_max_wait_ms=100,
                 isolation_level="read_committed",  # a transactional tracker's aborted copies
+                partition_assignment_strategy=[
+                    LayoutAssignor(self._declaration),
+                    RangePartitionAssignor,
+                ],
             )
+            self._refresh_layout(initial=True)
+            self._kc.subscribe([self._topic])
             self._txn: KafkaProducer | None = None
             if config.transactional:
                 self._txn = KafkaProducer(
@@ -107,6 +158,7 @@ class Consumer:
                 )
                 self._txn.init_transactions()
         except KafkaError as exc:
+            self._writer.close(1.0)
             raise BrokerError(f"cannot start consumer for queue {queue.id!r}: {exc}") from exc
         self._thread = threading.Thread(
             target=self._run, name=f"kmq-consumer-{queue.id}", daemon=True
@@ -121,6 +173,19 @@ class Consumer:
         ``timeout_s=0`` never blocks; ``None`` waits indefinitely. Raises
         :class:`kmq.ConsumerClosedError` once the consumer is closed or its loop failed.
         """
+        got = self._take(1, timeout_s)
+        return got[0] if got else None
+
+    def receive_many(self, max_messages: int = 100, timeout_s: float | None = 1.0) -> list[Message]:
+        """Up to ``max_messages`` messages: waits up to ``timeout_s`` for the first one, then
+        returns whatever else is already buffered (an empty list if nothing came)."""
+        if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
+            raise InvalidArgumentError(
+                f"max_messages must be an integer >= 1, got {max_messages!r}"
+            )
+        return self._take(max_messages, timeout_s)
+
+    def _take(self, count: int, timeout_s: float | None) -> list[Message]:
         if timeout_s is not None and (
             isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s < 0
         ):
@@ -130,17 +195,24 @@ class Consumer:
             while True:
                 if self._closed:
                     raise ConsumerClosedError(f"consumer of queue {self.queue!r} is closed")
-                if self._ready and not self._paused:
-                    message = self._ready.popleft()
-                    message._state = State.HELD
-                    return message
+                ready = self._ready
+                # Asked each time, not cached: once the control topic shows a pause, nothing
+                # more is handed out, even before the poll thread notices it.
+                if ready and not (self._paused or self._pauses.paused_until_ms(self.queue)):
+                    out: list[Message] = []
+                    held = State.HELD
+                    while ready and len(out) < count:
+                        message = ready.popleft()
+                        message._state = held
+                        out.append(message)
+                    return out
                 if self._error is not None:
                     raise ConsumerClosedError(
                         f"consumer of queue {self.queue!r} failed: {self._error!r}"
                     ) from self._error
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    return None
+                    return []
                 self._cond.wait(remaining)
 
     def __iter__(self) -> Iterator[Message]:
@@ -159,11 +231,49 @@ class Consumer:
     def in_flight(self) -> int:
         """Messages started but not yet settled: buffered plus handed out."""
         with self._cond:
-            return len(self._held)
+            return len(self._ready) if self._at_most_once else len(self._leases)
 
     def assignment(self) -> frozenset[int]:
         """Queue-topic partitions this consumer owned at its last poll (empty before it joins)."""
         return self._assigned
+
+    def fetching(self) -> frozenset[int]:
+        """The assigned partitions it still reads: all but those it has finished (other
+        queues' partitions, read up to where records of the old layout end)."""
+        return frozenset(p for p in self._assigned if p not in self._legacy_done)
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        """Block until every marker written so far is on the broker: acks and nacks made
+        with ``wait=False`` included. Raises :class:`kmq.BrokerError` if some could not be
+        written (their messages are redelivered when their leases run out)."""
+        if not self._writer.sync(timeout_s):
+            raise BrokerError(f"markers of queue {self.queue!r} not all written in {timeout_s:g} s")
+
+    def ack_many(self, messages: Iterable[Message], *, wait: bool = True) -> None:
+        """Ack several messages at once: one broker round trip for all of their END markers.
+        Raises :class:`kmq.MessageStateError` before writing anything if one of them is not
+        held (settled already, or another consumer's)."""
+        batch = list(messages)
+        with self._cond:
+            for message in batch:
+                if message._consumer is not self:
+                    raise MessageStateError(f"{message!r} was not received by this consumer")
+                if message._state is not State.HELD:
+                    raise MessageStateError(f"cannot ack {message!r}: already settled")
+            if self._at_most_once:
+                for message in batch:
+                    message._state = State.ACKED
+                return
+            items: list[tuple[Entry, int]] = []
+            for message in batch:
+                self._leases.settle(message.key)
+                message._state = State.ACKED
+                items.append((self._entry(_END, message, 0), message.marker_partition))
+            flush = self._writer.add_many(items) if items else None
+        if flush is not None and wait:
+            self._writer.flush_soon()
+            partitions = {m.marker_partition for m in batch}
+            self._await(flush, partitions, f"ack of {len(batch)} messages")
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Release every unsettled message for immediate redelivery and leave the group."""
@@ -174,18 +284,26 @@ class Consumer:
             self._cond.notify_all()
         self._stop.set()
         self._thread.join()
-        with self._cond:
-            for message in self._held.values():
-                if message._state is State.HELD:
-                    self._send(MarkerType.NACK, message, 0, "released: consumer closed")
-                else:
-                    self._send(MarkerType.RELEASE, message, 0, "released unseen: consumer closed")
-                message._state = State.RELEASED
-            self._held.clear()
-            self._ready.clear()
-            self._writer.flush(self._producer)
         try:
-            self._producer.flush(timeout=timeout_s)
+            with self._cond:
+                for message in self._leases.take_all():
+                    if message._state is State.HELD:
+                        text = b"released: consumer closed"
+                        entry = self._entry(_NACK, message, 0, text)
+                    else:
+                        text = b"released unseen: consumer closed"
+                        entry = self._entry(_RELEASE, message, 0, text)
+                    self._writer.add(entry, message.marker_partition, text)
+                    message._state = State.RELEASED
+                for message in self._ready:
+                    message._state = State.RELEASED
+                self._ready.clear()
+            if not self._writer.close(timeout_s):
+                log.error(
+                    "queue %r: markers written at close did not all reach the broker; "
+                    "their messages are redelivered when their leases run out",
+                    self.queue,
+                )
         finally:
             self._kc.close(autocommit=False)
             if self._txn is not None:
@@ -206,6 +324,7 @@ class Consumer:
         self, message: Message, state: State, delay_ms: int | None, reason: str, wait: bool
     ) -> None:
         verb = state.value[:-2]
+        flush: Flush | None = None
         with self._cond:
             if message._state is not State.HELD:
                 raise MessageStateError(f"cannot {verb} {message!r}: already settled")
@@ -216,36 +335,36 @@ class Consumer:
                     )
                 message._state = state
                 return
-            self._held.pop((message.partition, message.offset), None)
+            self._leases.settle(message.key)
             message._state = state
-            futures: list[Any] = []
             if state is State.ACKED:
-                self._send(MarkerType.END, message, 0, "")
+                flush = self._writer.add(self._entry(_END, message, 0), message.marker_partition)
             elif state is State.NACKED:
                 if delay_ms is None:
                     delay_ms = round(
                         1000 * self._policy.backoff_s(message.attempt, self.config.rng)
                     )
-                self._send(MarkerType.NACK, message, delay_ms, reason)
-            if wait or self._writer.pending >= _FLUSH_AT:
-                try:
-                    flushed = self._writer.flush(self._producer)
-                except KafkaError as exc:
-                    raise BrokerError(
-                        f"{verb} of {message.id} not written ({exc!r}); the message will be "
-                        "redelivered when its lease runs out"
-                    ) from exc
-                futures = flushed.get(message.marker_partition, [])
+                text = reason.encode()
+                entry = self._entry(_NACK, message, delay_ms, text)
+                flush = self._writer.add(entry, message.marker_partition, text)
         if state is State.REJECTED:
-            futures = self._dead_letter(message, reason)
-        if wait:
-            try:
-                for future in futures:
-                    future.get(timeout=self._request_timeout_s)
-            except KafkaError as exc:
+            flush = self._dead_letter(message, reason)
+        if flush is not None and wait:
+            self._writer.flush_soon()
+            self._await(flush, {message.marker_partition}, f"{verb} of {message.id}")
+
+    def _await(self, flush: Flush, partitions: set[int], what: str) -> None:
+        if not flush.wait(self._request_timeout_s):
+            raise BrokerError(
+                f"{what} not acknowledged by the broker in {self._request_timeout_s:g} s; "
+                "unwritten markers only cost redeliveries when leases run out"
+            )
+        for partition in partitions:
+            exc = flush.error(partition)
+            if exc is not None:
                 raise BrokerError(
-                    f"{state.value[:-2]} of {message.id} not written ({exc!r}); the message "
-                    "will be redelivered when its lease runs out"
+                    f"{what} not written ({exc!r}); the message will be redelivered when its "
+                    "lease runs out"
                 ) from exc
 
     # -- background loop --------------------------------------------------------------
@@ -254,24 +373,24 @@ class Consumer:
         backoff_s = 0.1
         try:
             while not self._stop.is_set():
-                self._keepalive_tick()
-                self._check_pause()
-                room = 0 if self._paused else self._room()
-                self._apply_backpressure(room)
                 try:
-                    with self._cond:
-                        if self._writer.pending:  # acks made with wait=False, keep-alives
-                            self._writer.flush(self._producer)
+                    self._tick()
+                    room = 0 if self._paused else self._room()
+                    self._apply_backpressure(room)
+                    busy = bool(self._starting or self._committing)
                     records = self._kc.poll(
-                        timeout_ms=self.config.poll_timeout_ms, max_records=max(room, 1)
+                        timeout_ms=_BUSY_POLL_MS if busy else self.config.poll_timeout_ms,
+                        max_records=max(room, 1),
                     )
                     if records:
-                        self._start(records)
+                        self._begin(records)
+                    self._advance()
                     backoff_s = 0.1
                 except (KafkaError, _StartFailed) as exc:
                     log.warning("queue %r: %r; retrying in %.1f s", self.queue, exc, backoff_s)
                     self._stop.wait(backoff_s)
                     backoff_s = min(backoff_s * 2, 5.0)
+            self._drain()
         except BaseException as exc:  # surfaced to the application by receive()
             log.exception("queue %r: consumer loop failed", self.queue)
             self._error = exc
@@ -279,98 +398,295 @@ class Consumer:
             with self._cond:
                 self._cond.notify_all()
 
-    def _check_pause(self) -> None:
+    def _drain(self) -> None:
+        """On close: let batches already polled finish their cycle (bounded), so their
+        offsets are committed and a new owner does not read them again."""
+        deadline = time.monotonic() + self._request_timeout_s
+        while (self._starting or self._committing) and time.monotonic() < deadline:
+            try:
+                self._advance()
+            except (KafkaError, _StartFailed):
+                break
+            time.sleep(0.002)
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if now < self._next_tick:
+            return
+        self._next_tick = now + min(0.05, self._keepalive_s / 4)
+        with self._cond:
+            due = self._leases.due(now)
+            if due:
+                self._writer.add_many(
+                    [(self._entry(_KEEPALIVE, m, self._lease_ms), m.marker_partition) for m in due]
+                )
         paused = bool(self._pauses.paused_until_ms(self.queue))
         if paused != self._paused:
             log.info("queue %r %s", self.queue, "paused" if paused else "resumed")
             with self._cond:
                 self._paused = paused
                 self._cond.notify_all()
+        if now >= self._next_layout_check:
+            self._next_layout_check = now + _LAYOUT_CHECK_S
+            self._refresh_layout()
+            self._check_legacy()
 
     def _room(self) -> int:
         with self._cond:
-            unsettled = len(self._ready) if self._at_most_once else len(self._held)
+            unsettled = len(self._ready) if self._at_most_once else len(self._leases)
             return self.config.max_in_flight - unsettled
 
     def _apply_backpressure(self, room: int) -> None:
         assigned = self._kc.assignment()
         self._assigned = frozenset(tp.partition for tp in assigned)
+        paused = self._kc.paused()
         if room <= 0:
-            unpaused = assigned - self._kc.paused()
+            unpaused = assigned - paused
             if unpaused:
                 self._kc.pause(*unpaused)
         else:
-            paused = self._kc.paused()
-            if paused:
-                self._kc.resume(*paused)
+            resume = [tp for tp in paused if tp.partition not in self._legacy_done]
+            if resume:
+                self._kc.resume(*resume)
+            finished = [
+                tp for tp in assigned if tp.partition in self._legacy_done and tp not in paused
+            ]
+            if finished:
+                self._kc.pause(*finished)
 
-    def _start(self, records: dict[TopicPartition, list[Any]]) -> None:
-        commits: dict[TopicPartition, OffsetAndMetadata] = {}
-        firsts: dict[TopicPartition, int] = {}
+    # -- layout ---------------------------------------------------------------------------
+
+    def _declaration(self) -> dict[str, list[int]]:
+        """What this member asks its group's leader for (see kmq.assignor)."""
+        return {self._topic: sorted(self._declared)}
+
+    def _refresh_layout(self, *, initial: bool = False) -> None:
+        """Follow the queue's layout: rejoin the group when it gains partitions."""
+        version = self._pauses.version
+        if not initial and version == self._layout_version:
+            return
+        self._layout_version = version
+        read = self._svc.read_partitions(self.queue)
+        declared = {p for p, stop in read.items() if stop is None}
+        legacy = {p: stop for p, stop in read.items() if stop is not None}
+        for partition, stop in legacy.items():
+            if partition in self._legacy_done:
+                continue
+            committed = self._kc.committed(TopicPartition(self._topic, partition))
+            if committed is not None and committed >= stop:
+                self._legacy_done.add(partition)
+            else:
+                declared.add(partition)
+        self._read = read
+        grew = not set(declared) <= self._declared
+        self._declared = frozenset(declared)
+        if grew and not initial:
+            log.info("queue %r now reads partitions %s: rejoining its group",
+                     self.queue, sorted(declared))  # fmt: skip
+            self._kc.unsubscribe()
+            self._kc.subscribe([self._topic])
+
+    def _check_legacy(self) -> None:
+        for tp in self._kc.assignment():
+            if tp.partition in self._legacy_done:
+                continue
+            if tp.partition not in self._read:
+                # Assigned before the layout said otherwise (an upgrade finished meanwhile):
+                # it holds none of this queue's records, so stop fetching it.
+                self._legacy_done.add(tp.partition)
+                continue
+            stop = self._read[tp.partition]
+            if stop is None:
+                continue
+            with contextlib.suppress(KafkaError):
+                if self._kc.position(tp, timeout_ms=0) >= stop:
+                    log.info("queue %r: read partition %d up to its old-layout end %d",
+                             self.queue, tp.partition, stop)  # fmt: skip
+                    self._legacy_done.add(tp.partition)
+
+    # -- the batch cycle ------------------------------------------------------------------
+
+    def _begin(self, records: dict[TopicPartition, list[Any]]) -> None:
         messages: list[Message] = []
+        firsts: dict[TopicPartition, int] = {}
+        commits: dict[TopicPartition, int] = {}
+        key = self._key
         for tp, batch in records.items():
             if not batch:
                 continue
             firsts[tp] = batch[0].offset
-            commits[tp] = OffsetAndMetadata(batch[-1].offset + 1, "", -1)
-            messages.extend(self._message(r) for r in batch if r.key == self._key)
-        txn = self._txn
-        futures: list[Any] = []
-        try:
-            if not self._at_most_once and messages:
-                with self._cond:
-                    if txn is not None:
-                        # Other markers must not ride in (and die with) an aborted transaction.
-                        self._writer.flush(self._producer)
-                        txn.begin_transaction()
-                    for message in messages:
-                        self._writer.add(self._start_marker(message), message.marker_partition)
-                    for batch_futures in self._writer.flush(txn or self._producer).values():
-                        futures.extend(batch_futures)
-            if txn is not None:
-                if not messages:
-                    txn.begin_transaction()
-                txn.send_offsets_to_transaction(commits, self._kc.group_metadata())
-                txn.commit_transaction()
-            for future in futures:
-                future.get(timeout=self._request_timeout_s)
-        except KafkaError as exc:
-            if txn is not None:
-                with contextlib.suppress(KafkaError):
-                    txn.abort_transaction()
-            # Nothing was handed out or committed: read the batch again and retry its STARTs.
-            for tp, offset in firsts.items():
-                # A partition revoked meanwhile raises here; its new owner re-reads it anyway.
-                with contextlib.suppress(Exception):
-                    self._kc.seek(tp, offset)
-            if isinstance(exc, MessageSizeTooLargeError):
-                # Retrying cannot help, and the record would block its partition for good:
-                # fail loudly (receive() raises) and leave the record for a consumer that fits.
-                raise MessageTooLargeError(
-                    f"queue {self.queue!r}: a START marker was refused as too large ({exc}); "
-                    "consumers, the tracker and the markers topic must allow what producers "
-                    f"send (this consumer's max_message_bytes is "
-                    f"{self._svc_config.max_message_bytes})"
-                ) from exc
-            raise _StartFailed(f"START marker not acknowledged: {exc!r}") from exc
-        if txn is None:
+            commits[tp] = batch[-1].offset + 1
+            for record in batch:
+                if record.key == key:
+                    messages.append(self._message(record, QUEUE_LANE))
+        if self._at_most_once:
+            self._begin_at_most_once(commits, firsts, messages)
+            return
+        if self._txn is not None:
+            self._begin_transaction(self._txn, commits, firsts, messages)
+            return
+        batch_ = Batch(messages, firsts, commits)
+        self._cycle.add(batch_)
+        if not messages:  # nothing of ours: only the offsets move, in order
+            self._apply(self._cycle.started(batch_, True))
+            return
+        now = time.monotonic()
+        lease_ms = self._lease_ms
+        max_attempts = self._policy.max_attempts
+        text = self._dlq_text
+        with self._cond:
+            self._leases.started([(m.key, m) for m in messages], now)
+            if text:
+                for m in messages:
+                    entry = (_START, m.lane, m.partition, m.offset, m.attempt, lease_ms,
+                             max_attempts, len(text))  # fmt: skip
+                    flush = self._writer.add(entry, m.marker_partition, text)
+            else:
+                flush = self._writer.add_many(
+                    [
+                        (
+                            (
+                                _START,
+                                m.lane,
+                                m.partition,
+                                m.offset,
+                                m.attempt,
+                                lease_ms,
+                                max_attempts,
+                                0,
+                            ),
+                            m.marker_partition,
+                        )
+                        for m in messages
+                    ]
+                )
+        self._writer.flush_soon()
+        self._starting.append((batch_, flush, frozenset(m.marker_partition for m in messages)))
+
+    def _advance(self) -> None:
+        """Move batches on: START written -> commit sent -> commit over -> handed out."""
+        if self._starting:
+            still: list[tuple[CycleBatch, Flush, frozenset[int]]] = []
+            failed: BaseException | None = None
+            for batch, flush, partitions in self._starting:
+                if not flush.done:
+                    still.append((batch, flush, partitions))
+                    continue
+                errors = [flush.errors[p] for p in partitions if p in flush.errors]
+                if errors:
+                    failed = failed or errors[0]
+                self._apply(self._cycle.started(batch, not errors))
+            live = set(map(id, self._cycle.batches()))
+            self._starting = [s for s in still if id(s[0]) in live]
+            if failed is not None:
+                raise _StartFailed(f"START markers not acknowledged: {failed!r}")
+        if self._committing:
+            still_c: list[tuple[CycleBatch, Any]] = []
+            for batch, future in self._committing:
+                if not future.is_done:
+                    still_c.append((batch, future))
+                    continue
+                if future.failed() and batch.messages:
+                    log.warning(
+                        "queue %r: offset commit failed (%r); these %d messages may also be "
+                        "delivered to the partition's next owner",
+                        self.queue, future.exception, len(batch.messages),
+                    )  # fmt: skip
+                self._apply(self._cycle.committed(batch))
+            self._committing = still_c
+
+    def _apply(self, actions: Actions[TopicPartition, Message]) -> None:
+        for batch in actions.commit:
+            offsets = {tp: OffsetAndMetadata(o, "", -1) for tp, o in batch.commits.items()}
             try:
-                self._kc.commit(commits)
+                future = self._kc.commit_async(offsets)
             except KafkaError as exc:
-                if self._at_most_once:
-                    messages = self._committed_anyway(commits, firsts, messages, exc)
-                    if not messages:
-                        raise _StartFailed(f"offset commit failed: {exc!r}") from exc
-                    self._hand_out(messages)
-                    return
-                log.warning(
-                    "queue %r: offset commit failed (%r); these %d messages may also be "
-                    "delivered to the partition's next owner",
-                    self.queue, exc, len(messages),
-                )  # fmt: skip
-        # Committed before handing out, so a consumer that dies holding a message never has
-        # its record read again: the tracker redelivers it, counting the attempt.
+                from kafka.future import Future
+
+                future = Future().failure(exc)
+            self._committing.append((batch, future))
+        if actions.dropped:
+            with self._cond:
+                for message in actions.dropped:
+                    self._leases.settle(message.key)
+        for tp, offset in actions.seek.items():
+            # A partition revoked meanwhile raises here; its new owner reads it anyway.
+            with contextlib.suppress(Exception):
+                self._kc.seek(tp, offset)
+        if actions.hand_out and not self._stop.is_set():
+            self._hand_out(actions.hand_out)
+
+    def _hand_out(self, messages: list[Message]) -> None:
+        with self._cond:
+            self._ready.extend(messages)
+            self._cond.notify_all()
+
+    def _begin_transaction(
+        self,
+        txn: KafkaProducer,
+        commits: dict[TopicPartition, int],
+        firsts: dict[TopicPartition, int],
+        messages: list[Message],
+    ) -> None:
+        """STARTs and the offset commit in one transaction, then hand out."""
+        offsets = {tp: OffsetAndMetadata(o, "", -1) for tp, o in commits.items()}
+        try:
+            txn.begin_transaction()
+            by_partition: dict[int, list[Entry]] = {}
+            for m in messages:
+                by_partition.setdefault(m.marker_partition, []).append(
+                    (
+                        _START,
+                        m.lane,
+                        m.partition,
+                        m.offset,
+                        m.attempt,
+                        self._lease_ms,
+                        self._policy.max_attempts,
+                        len(self._dlq_text),
+                    )
+                )
+            for partition, entries in by_partition.items():
+                texts = [self._dlq_text] * len(entries) if self._dlq_text else []
+                txn.send(
+                    self._svc_config.marker_topic,
+                    value=encode_entries(entries, texts),
+                    partition=partition,
+                )
+            txn.send_offsets_to_transaction(offsets, self._kc.group_metadata())
+            with self._cond:
+                self._leases.started([(m.key, m) for m in messages], time.monotonic())
+            txn.commit_transaction()
+        except KafkaError as exc:
+            with contextlib.suppress(KafkaError):
+                txn.abort_transaction()
+            with self._cond:
+                for m in messages:
+                    self._leases.settle(m.key)
+            self._seek(firsts)
+            raise _StartFailed(f"START transaction failed: {exc!r}") from exc
         self._hand_out(messages)
+
+    def _begin_at_most_once(
+        self,
+        commits: dict[TopicPartition, int],
+        firsts: dict[TopicPartition, int],
+        messages: list[Message],
+    ) -> None:
+        """Commit first, then hand out: never delivered twice, lost if we crash holding it."""
+        offsets = {tp: OffsetAndMetadata(o, "", -1) for tp, o in commits.items()}
+        try:
+            self._kc.commit(offsets)
+        except KafkaError as exc:
+            messages = self._committed_anyway(offsets, firsts, messages, exc)
+            if not messages:
+                raise _StartFailed(f"offset commit failed: {exc!r}") from exc
+        self._hand_out(messages)
+
+    def _seek(self, firsts: dict[TopicPartition, int]) -> None:
+        for tp, offset in firsts.items():
+            with contextlib.suppress(Exception):
+                self._kc.seek(tp, offset)
 
     def _committed_anyway(
         self,
@@ -384,8 +700,8 @@ class Consumer:
         A commit can land and still report failure (a lost answer), so ask the group what it
         holds. A partition still assigned whose commit landed is ours to hand out (once); one
         whose commit did not is read again from the committed offset, so a failed commit loses
-        nothing.
-        If even that cannot be told, the partition's messages are dropped, never doubled.
+        nothing. If even that cannot be told, the partition's messages are dropped, never
+        doubled.
         """
         landed: set[int] = set()
         for tp, meta in commits.items():
@@ -408,94 +724,57 @@ class Consumer:
                 self._kc.seek(tp, committed if committed is not None else firsts[tp])
         return [m for m in messages if m.partition in landed]
 
-    def _hand_out(self, messages: list[Message]) -> None:
-        if not messages:
-            return
-        next_keepalive = time.monotonic() + self._keepalive_s
-        with self._cond:
-            for message in messages:
-                message.next_keepalive = next_keepalive
-                if not self._at_most_once:
-                    self._held[(message.partition, message.offset)] = message
-                self._ready.append(message)
-            self._cond.notify_all()
+    # -- messages and markers -------------------------------------------------------------
 
-    def _message(self, record: Any) -> Message:
+    def _message(self, record: Any, lane: int) -> Message:
         message_id, attempt, headers = parse_queue_headers(record.headers)
+        partition, offset = record.partition, record.offset
+        if message_id is None:
+            message_id = f"ext-{partition}-{offset}"
         message = Message(
             self,
             payload=record.value or b"",
-            message_id=message_id or f"ext-{record.partition}-{record.offset}",
+            message_id=message_id,
             queue=self.queue,
             attempt=attempt,
-            headers=dict(headers),
-            partition=record.partition,
-            offset=record.offset,
+            headers=headers,
+            partition=partition,
+            offset=offset,
             timestamp_ms=record.timestamp,
+            lane=lane,
         )
-        message.marker_partition = self._writer.partition_for(message.id)
+        message.key = delivery_key(lane, partition, offset)
+        message.marker_partition = marker_partition(message_id, self._marker_partitions)
         return message
 
-    def _dead_letter(self, message: Message, reason: str) -> list[Any]:
+    def _entry(self, kind: int, message: Message, after_ms: int, text: bytes = b"") -> Entry:
+        return (kind, message.lane, message.partition, message.offset, message.attempt,
+                after_ms, 0, len(text))  # fmt: skip
+
+    def _dead_letter(self, message: Message, reason: str) -> Flush:
         """Write ``message`` to the dead-letter queue, then its DEAD_LETTERED marker."""
-        copy = self._producer.send(
-            self._svc_config.queue_topic,
-            key=self._dead_letter_queue.encode(),
-            value=message.payload,
-            headers=dead_letter_headers(
-                message.id, self.queue, message.attempt, reason, tuple(message.headers.items())
-            ),
-            partition=message.partition,
-        )
+        dlq = self._dead_letter_queue
+        partitions = self._svc.write_partitions(dlq)
         try:
-            copy.get(timeout=self._request_timeout_s)
+            self._producer.send(
+                self._topic,
+                key=dlq.encode(),
+                value=message.payload,
+                headers=dead_letter_headers(
+                    message.id,
+                    self.queue,
+                    message.attempt,
+                    reason,
+                    tuple(message.headers.items()),
+                ),
+                partition=partitions[message.offset % len(partitions)],
+            ).get(timeout=self._request_timeout_s)
         except KafkaError as exc:
             raise BrokerError(
                 f"dead letter for {message.id} not written ({exc!r}); the message will be "
                 "redelivered when its lease runs out"
             ) from exc
+        text = reason.encode()
+        entry = self._entry(_DEAD_LETTERED, message, 0, text)
         with self._cond:
-            self._send(MarkerType.DEAD_LETTERED, message, 0, reason)
-            return self._writer.flush(self._producer).get(message.marker_partition, [])
-
-    def _start_marker(self, message: Message) -> Marker:
-        return Marker(
-            type=MarkerType.START,
-            queue=self.queue,
-            partition=message.partition,
-            offset=message.offset,
-            message_id=message.id,
-            attempt=message.attempt,
-            redeliver_after_ms=self._lease_ms,
-            key=self._key,
-            value=message.payload,
-            headers=tuple(message.headers.items()),
-            max_attempts=self._policy.max_attempts,
-            dead_letter_queue=self._dead_letter_queue,
-        )
-
-    def _keepalive_tick(self) -> None:
-        now = time.monotonic()
-        if now < self._next_tick:
-            return
-        self._next_tick = now + min(0.05, self._keepalive_s / 4)
-        with self._cond:
-            for message in self._held.values():
-                if message.next_keepalive <= now:
-                    self._send(MarkerType.KEEPALIVE, message, self._lease_ms, "")
-                    message.next_keepalive = now + self._keepalive_s
-
-    def _send(self, kind: MarkerType, message: Message, after_ms: int, reason: str) -> None:
-        """Queue a marker for ``message``. Callers hold ``_cond``, so markers of one message
-        reach the writer, and so the broker, in the order they were decided."""
-        marker = Marker(
-            type=kind,
-            queue=self.queue,
-            partition=message.partition,
-            offset=message.offset,
-            message_id=message.id,
-            attempt=message.attempt,
-            redeliver_after_ms=after_ms,
-            reason=reason,
-        )
-        self._writer.add(marker, message.marker_partition)
+            return self._writer.add(entry, message.marker_partition, text)

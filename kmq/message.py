@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Protocol
 
@@ -32,12 +32,14 @@ class Message:
 
     __slots__ = (
         "_consumer",
+        "_headers",
+        "_raw_headers",
         "_state",
         "attempt",
-        "headers",
         "id",
+        "key",
+        "lane",
         "marker_partition",
-        "next_keepalive",
         "offset",
         "partition",
         "payload",
@@ -53,10 +55,11 @@ class Message:
         message_id: str,
         queue: str,
         attempt: int,
-        headers: Mapping[str, bytes],
+        headers: Mapping[str, bytes] | Sequence[tuple[str, bytes]],
         partition: int,
         offset: int,
         timestamp_ms: int,
+        lane: int = 0,
     ) -> None:
         self._consumer = consumer
         self._state = State.BUFFERED
@@ -64,12 +67,22 @@ class Message:
         self.id = message_id
         self.queue = queue
         self.attempt = attempt
-        self.headers: Mapping[str, bytes] = MappingProxyType(dict(headers))
+        self._raw_headers = tuple(headers.items()) if isinstance(headers, Mapping) else headers
+        self._headers: Mapping[str, bytes] | None = None
         self.partition = partition
         self.offset = offset
         self.timestamp_ms = timestamp_ms
-        self.next_keepalive = 0.0
+        self.lane = lane
+        """Which topic the record is on: 0 the queue topic, 1 the retry topic."""
+        self.key = 0
         self.marker_partition = 0
+
+    @property
+    def headers(self) -> Mapping[str, bytes]:
+        """Your headers, as sent (read-only)."""
+        if self._headers is None:
+            self._headers = MappingProxyType(dict(self._raw_headers))
+        return self._headers
 
     @property
     def state(self) -> State:

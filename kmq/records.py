@@ -1,11 +1,11 @@
-"""How a kmq message is laid out in a queue-topic record, and how big its START marker gets."""
+"""How a kmq message is laid out in a queue-topic record."""
 
 from __future__ import annotations
 
-import uuid
+import os
 from collections.abc import Sequence
 
-from kmq.markers import MAX_ATTEMPT, Marker, MarkerType, encode
+from kmq.markers import MAX_ATTEMPT
 
 ID_HEADER = "kmq.id"
 ATTEMPT_HEADER = "kmq.attempt"
@@ -14,21 +14,43 @@ DLQ_ATTEMPTS_HEADER = "kmq.dlq.attempts"
 DLQ_REASON_HEADER = "kmq.dlq.reason"
 DLQ_HEADERS = (DLQ_ORIGIN_HEADER, DLQ_ATTEMPTS_HEADER, DLQ_REASON_HEADER)
 
-RECORD_OVERHEAD_BYTES = 256
-"""Generous allowance for Kafka's record-batch header, record varints and the marker key."""
+RECORD_OVERHEAD_BYTES = 128
+"""Generous allowance for a record's varints and its share of the batch header."""
+_HEADER_OVERHEAD_BYTES = 10
 
-_MAX_INT32 = 2**31 - 1
-_MAX_INT64 = 2**63 - 1
+_OFFSET_BITS = 44
+_PARTITION_BITS = 15
+MAX_PARTITION: int = 2**_PARTITION_BITS - 1
+MAX_OFFSET: int = 2**_OFFSET_BITS - 1
+_LANE_SHIFT = _OFFSET_BITS + _PARTITION_BITS
+
+
+def delivery_key(lane: int, partition: int, offset: int) -> int:
+    """One int naming a delivered record (an int is smaller than a tuple). Partitions up to
+    32,767 and offsets below 2**44 fit; callers check with :func:`fits_key`."""
+    return (lane << _LANE_SHIFT) | (partition << _OFFSET_BITS) | offset
+
+
+def fits_key(partition: int, offset: int) -> bool:
+    return 0 <= partition <= MAX_PARTITION and 0 <= offset <= MAX_OFFSET
+
+
+def split_key(key: int) -> tuple[int, int, int]:
+    """``(lane, partition, offset)`` of a :func:`delivery_key`."""
+    return key >> _LANE_SHIFT, (key >> _OFFSET_BITS) & MAX_PARTITION, key & MAX_OFFSET
 
 
 def new_message_id() -> str:
     """A fresh message id: 32 hex digits, random."""
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()
 
 
 def queue_headers(
     message_id: str, attempt: int, user_headers: Sequence[tuple[str, bytes]]
 ) -> list[tuple[str, bytes]]:
+    """A record's headers. The attempt header is left out on attempt 1 (its default)."""
+    if attempt == 1:
+        return [(ID_HEADER, message_id.encode()), *user_headers]
     return [(ID_HEADER, message_id.encode()), (ATTEMPT_HEADER, b"%d" % attempt), *user_headers]
 
 
@@ -57,36 +79,29 @@ def parse_queue_headers(
 
     Records written by something other than kmq have no id; callers derive one.
     """
+    if not headers:
+        return None, 1, ()
     message_id: str | None = None
     attempt = 1
     user: list[tuple[str, bytes]] = []
-    for name, value in headers or ():
-        if name == ID_HEADER and value:
-            message_id = value.decode("utf-8", "replace")
-        elif name == ATTEMPT_HEADER and value:
-            try:
-                attempt = min(max(1, int(value)), MAX_ATTEMPT)
-            except ValueError:
-                attempt = 1
+    for name, value in headers:
+        if name == ID_HEADER:
+            if value:
+                message_id = value.decode("utf-8", "replace")
+        elif name == ATTEMPT_HEADER:
+            if value:
+                try:
+                    attempt = min(max(1, int(value)), MAX_ATTEMPT)
+                except ValueError:
+                    attempt = 1
         else:
             user.append((name, value or b""))
     return message_id, attempt, tuple(user)
 
 
-def start_marker_record_size(
-    queue: str, message_id: str, payload: bytes, headers: Sequence[tuple[str, bytes]]
-) -> int:
-    """Upper bound, in bytes, of the record carrying this message's START marker."""
-    marker = Marker(
-        type=MarkerType.START,
-        queue=queue,
-        partition=_MAX_INT32,
-        offset=_MAX_INT64,
-        message_id=message_id,
-        attempt=_MAX_INT32,
-        redeliver_after_ms=_MAX_INT64,
-        key=queue.encode(),
-        value=payload,
-        headers=tuple(headers),
-    )
-    return len(encode(marker)) + len(message_id) + RECORD_OVERHEAD_BYTES
+def record_size(key: bytes, payload: bytes, headers: Sequence[tuple[str, bytes]]) -> int:
+    """Upper bound, in bytes, of a queue record carrying this message (any attempt)."""
+    size = len(key) + len(payload) + RECORD_OVERHEAD_BYTES
+    for name, value in (*headers, (ID_HEADER, b"x" * 64), (ATTEMPT_HEADER, b"4294967295")):
+        size += len(name.encode()) + len(value) + _HEADER_OVERHEAD_BYTES
+    return size

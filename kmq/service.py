@@ -12,8 +12,9 @@ from kafka.errors import KafkaError
 
 from kmq.config import ConsumerConfig, ServiceConfig
 from kmq.consumer import Consumer
+from kmq.control import ControlWatcher, set_layout, set_pause
 from kmq.errors import BrokerError, ConfigError, InvalidArgumentError, KmqError
-from kmq.pause import ControlWatcher, set_pause
+from kmq.layout import TopicLayout, grown, read_partitions, write_partitions
 from kmq.policy import RetryPolicy
 from kmq.producer import Producer
 from kmq.topics import ensure_topics
@@ -55,6 +56,36 @@ class Queue:
         until_ms = self.service.control_watcher().paused_until_ms(self.id)
         return datetime.datetime.fromtimestamp(until_ms / 1000, datetime.UTC) if until_ms else None
 
+    def spread(self) -> int:
+        """How many queue-topic partitions this queue's records go to."""
+        return len(self.service.write_partitions(self.id))
+
+    def set_spread(self, partitions: int) -> None:
+        """Spread this queue over ``partitions`` partitions of the queue topic (a hot queue
+        needs several for several consumer processes). A spread only grows: the partitions
+        it would give up may still hold the queue's records. Consumers pick it up within
+        about a second, with one rebalance of the queue's group."""
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+            raise InvalidArgumentError(f"partitions must be an integer >= 1, got {partitions!r}")
+        svc = self.service
+        svc.ensure_topics()
+        cfg = svc.config
+        layout = svc.control_watcher().layout(cfg.queue_topic, cfg.request_timeout_ms / 1000)
+        if layout is None:
+            raise KmqError(
+                f"queue topic {cfg.queue_topic} has no layout yet (it predates kmq 0.2): "
+                "give it one with `kmq topics layout` first"
+            )
+        try:
+            updated = grown(layout, self.id, min(partitions, layout.partitions))
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+        set_layout(cfg.bootstrap_servers, cfg.control_topic, cfg.queue_topic, updated)
+        svc.control_watcher().wait_for(
+            lambda: svc.control_watcher().table.layout(cfg.queue_topic) == updated,
+            cfg.request_timeout_ms / 1000,
+        )
+
     def _set_pause(self, until_ms: int) -> None:
         self.service.ensure_topics()
         cfg = self.service.config
@@ -84,6 +115,8 @@ class Service:
         self._topics_ready = False
         self._partitions: dict[str, int] = {}
         self._watcher: ControlWatcher | None = None
+        self._placement: dict[str, tuple[int, ...]] = {}
+        self._placement_version = -1
         self._closed = False
 
     def queue(self, queue_id: str, policy: RetryPolicy | None = None) -> Queue:
@@ -124,7 +157,7 @@ class Service:
                         client_id=f"{cfg.client_id}-producer",
                         acks="all",
                         enable_idempotence=True,
-                        linger_ms=2,
+                        linger_ms=0,  # a waiting send() goes out at once; busy ones batch
                         max_request_size=cfg.max_message_bytes,
                         request_timeout_ms=cfg.request_timeout_ms,
                     )
@@ -136,12 +169,34 @@ class Service:
 
     def control_watcher(self) -> ControlWatcher:
         """The shared reader of queue pauses (started on first use)."""
+        self.ensure_topics()
         with self._lock:
             if self._watcher is None:
                 self._watcher = ControlWatcher(
                     self.config.bootstrap_servers, self.config.control_topic
                 )
             return self._watcher
+
+    def layout(self) -> TopicLayout | None:
+        """The queue topic's layout (``None``: the kmq 0.1 layout, every queue everywhere)."""
+        cfg = self.config
+        return self.control_watcher().layout(cfg.queue_topic, cfg.request_timeout_ms / 1000)
+
+    def write_partitions(self, queue: str) -> tuple[int, ...]:
+        """The queue-topic partitions ``queue``'s records are written to."""
+        watcher = self.control_watcher()
+        if self._placement_version != watcher.version:
+            self._placement = {}
+            self._placement_version = watcher.version
+        placed = self._placement.get(queue)
+        if placed is None:
+            placed = write_partitions(self.layout(), queue, self.queue_partition_count())
+            self._placement[queue] = placed
+        return placed
+
+    def read_partitions(self, queue: str) -> dict[int, int | None]:
+        """The partitions ``queue``'s group reads, each with the offset it may stop at."""
+        return read_partitions(self.layout(), queue, self.queue_partition_count())
 
     def queue_partition_count(self) -> int:
         """How many partitions the queue topic has (looked up once)."""

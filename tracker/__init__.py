@@ -1,6 +1,6 @@
 """kmq-tracker: watches the markers topic and redelivers messages whose lease expired."""
 
 from tracker.config import TrackerConfig
-from tracker.state import PartitionState, Redeliver
+from tracker.state import Due, PartitionState
 
-__all__ = ["PartitionState", "Redeliver", "TrackerConfig"]
+__all__ = ["Due", "PartitionState", "TrackerConfig"]

@@ -3,6 +3,9 @@
 Deadlines are local monotonic seconds: a marker's lease runs from the moment the tracker
 reads it. Client clocks (marker timestamps) never decide a deadline, so a skewed producer
 can neither hasten nor postpone a redelivery; reading a marker late can only delay one.
+
+The state keeps no payloads: a due delivery names its record (lane, partition, offset),
+which the adapter re-reads from the queue or retry topic to redeliver it.
 """
 
 from __future__ import annotations
@@ -11,79 +14,42 @@ import logging
 import operator
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from sortedcontainers import SortedKeyList, SortedList
 
-from kmq._proto import marker_pb2
 from kmq.config import MAX_REDELIVERY_TIMEOUT_S
 from kmq.errors import MarkerDecodeError
-from kmq.markers import BATCH, MAX_ATTEMPT, Marker, MarkerType, check, from_pb, parse
-from kmq.policy import DEAD_LETTER_SUFFIX
+from kmq.markers import Entry, MarkerType, check_entry, parse
+from kmq.records import delivery_key, fits_key, split_key
 
 log = logging.getLogger(__name__)
 
-Delivery = tuple[int, int]
-"""A delivered queue-topic record: (partition, offset)."""
-
-_OFFSET_BITS = 48
-_MAX_PARTITION = 2**15 - 1
-_OFFSET_MASK = 2**_OFFSET_BITS - 1
-
-
-def _key(partition: int, offset: int) -> int:
-    # One int per delivery instead of a tuple of two: tens of bytes per in-flight message.
-    return (partition << _OFFSET_BITS) | offset
-
-
-def _delivery(key: int) -> Delivery:
-    return (key >> _OFFSET_BITS, key & _OFFSET_MASK)
+Delivery = tuple[int, int, int]
+"""A delivered record: (lane, partition, offset)."""
 
 
 @dataclass(frozen=True, slots=True)
-class Redeliver:
-    """Action: write a new copy of a message to the queue topic, then record that it was."""
+class Due:
+    """A delivery whose deadline has passed: re-read its record, then redeliver it (or
+    dead-letter it, once ``attempt + attempt_step`` would pass ``max_attempts``)."""
 
     marker_partition: int
-    delivery: Delivery
-    queue: str
-    message_id: str
-    attempt: int
-    """The attempt number the new copy carries."""
-    key: bytes
-    value: bytes
-    headers: tuple[tuple[str, bytes], ...]
-    reason: str
-    dead_letter_queue: str | None = None
-    """Set when the message is out of attempts: move it to this queue instead."""
-    start_offset: int = -1
-    """Where the START marker lies in the markers partition (to re-read the payload)."""
-    attempt_step: int = 1
+    key: int
+    """The delivery, as :func:`kmq.records.delivery_key` packs it."""
+    start_offset: int
+    """Where its START lies in the markers partition."""
+    attempt_step: int
     """1 when the new copy counts as another attempt, 0 after a release."""
+    reason: str
+    max_attempts: int
+    """From the START: 0 never dead-letters."""
+    dead_letter_queue: str
+    """From the START; empty for the default ``<queue>.dlq``."""
 
     @property
-    def complete(self) -> bool:
-        """False for an action of a payload-free state: see :func:`complete`."""
-        return bool(self.message_id)
-
-
-def complete(action: Redeliver, start: Marker) -> Redeliver:
-    """Fill ``action`` in from its START marker: who, what, which attempt, and whether it is
-    out of attempts (then it goes to the dead-letter queue instead)."""
-    attempt = max(start.attempt, 1) + action.attempt_step
-    out_of_attempts = 0 < start.max_attempts < attempt
-    return replace(
-        action,
-        queue=start.queue,
-        message_id=start.message_id,
-        attempt=max(start.attempt, 1) if out_of_attempts else min(attempt, MAX_ATTEMPT),
-        key=start.key,
-        value=start.value,
-        headers=start.headers,
-        dead_letter_queue=(start.dead_letter_queue or start.queue + DEAD_LETTER_SUFFIX)
-        if out_of_attempts
-        else None,
-    )
+    def delivery(self) -> Delivery:
+        return split_key(self.key)
 
 
 @dataclass(slots=True, eq=False)
@@ -91,7 +57,7 @@ class _InFlight:
     key: int
     deadline: float
     start_offset: int
-    start: Marker | None  # only when the state keeps payloads
+    max_attempts: int
     attempt_step: int = 1
     reason: str = "lease expired"
     redelivering: bool = False
@@ -113,27 +79,24 @@ class PartitionState:
     """What one tracker knows about one markers partition.
 
     Feed it every record in offset order with :meth:`on_record`; ask :meth:`due` for the
-    redeliveries to perform; report their outcome with :meth:`redelivered` or
-    :meth:`redelivery_failed`; commit :meth:`commit_offset`.
+    redeliveries to perform; report their outcome with :meth:`redelivered`,
+    :meth:`redelivery_failed`, :meth:`postpone` or :meth:`discard`; commit
+    :meth:`commit_offset`.
     """
 
-    def __init__(
-        self, partition: int, *, default_lease_s: float = 30.0, keep_payloads: bool = True
-    ) -> None:
+    def __init__(self, partition: int, *, default_lease_s: float = 30.0) -> None:
         self.partition = partition
         self.default_lease_s = default_lease_s
-        self.keep_payloads = keep_payloads
-        """False: forget key, value and headers of each START; the caller re-reads them from
-        the markers log (``Redeliver.start_offset``) when a redelivery is due."""
         self.position: int | None = None
         """Offset of the next marker to read."""
         self.end_offset: int | None = None
         """The replay gate: the partition's end when it was assigned."""
         self.stats: Counter[str] = Counter()
-        self._inflight: dict[int, _InFlight] = {}  # by _key(partition, offset)
+        self._inflight: dict[int, _InFlight] = {}  # by delivery key
         # In-flight entries by deadline; a keyed list holds no per-entry tuple.
         self._deadlines: SortedKeyList = SortedKeyList(key=_by_deadline)
         self._starts: SortedList = SortedList()  # marker offsets of in-flight STARTs
+        self._dead_letter_queues: dict[int, str] = {}  # only for STARTs naming one
 
     # -- inputs -----------------------------------------------------------------------
 
@@ -159,108 +122,101 @@ class PartitionState:
             return
         self.position = offset + 1
         try:
-            pb = parse(value)
+            entries, texts = parse(value)
         except MarkerDecodeError as exc:
             self._bad(offset, exc)
             return
-        if pb.type != BATCH:
-            self._apply(offset, pb, now)
-            return
-        self.stats["batch"] += 1
-        for entry in pb.batch:
-            try:
-                check(entry)
-            except MarkerDecodeError as exc:
-                self._bad(offset, exc)
+        if len(entries) > 1:
+            self.stats["batch"] += 1
+        for entry, text in zip(entries, texts, strict=True):
+            problem = check_entry(entry)
+            if problem is None and not fits_key(entry[2], entry[3]):
+                problem = f"it names an impossible record {entry[2]}:{entry[3]}"
+            if problem is not None:
+                self._bad(offset, problem)
                 continue
-            self._apply(offset, entry, now)
+            self._apply(offset, entry, text, now)
 
     def _bad(self, offset: int, problem: object) -> None:
         self.stats["bad_marker"] += 1
         log.warning("markers partition %d offset %d skipped: %s", self.partition, offset, problem)
 
-    def _apply(self, offset: int, pb: marker_pb2.Marker, now: float) -> None:
-        kind = pb.type
-        if pb.partition > _MAX_PARTITION or pb.offset > _OFFSET_MASK:
-            self._bad(offset, "it names an impossible record")
-            return
+    def _apply(self, offset: int, entry: Entry, text: bytes, now: float) -> None:
+        kind = entry[0]
         self.stats[_STAT[kind]] += 1
-        delivery = _key(pb.partition, pb.offset)
+        delivery = delivery_key(entry[1], entry[2], entry[3])
         if kind == _START:
-            self._on_start(offset, pb, delivery, now)
+            self._on_start(offset, entry, text, delivery, now)
             return
-        entry = self._inflight.get(delivery)
-        if entry is None:
+        inflight = self._inflight.get(delivery)
+        if inflight is None:
             # Normal after a restart (the START lies before the commit point), after our own
             # REDELIVERED marker, or when a lease already expired; anything else is a client bug.
             self.stats["unknown_delivery"] += 1
             return
         if kind in _SETTLED:
-            self._drop(delivery, entry)
-        elif entry.redelivering:
+            self._drop(delivery, inflight)
+        elif inflight.redelivering:
             self.stats["late_marker"] += 1
         elif kind == _KEEPALIVE:
-            self._reschedule(delivery, entry, now + self._lease_s(pb.redeliver_after_ms))
+            self._reschedule(inflight, now + self._lease_s(entry[5]))
         elif kind == _NACK:
-            entry.attempt_step, entry.reason = 1, pb.reason or "nacked"
-            self._reschedule(delivery, entry, now + self._delay_s(pb.redeliver_after_ms))
+            inflight.attempt_step = 1
+            inflight.reason = text.decode("utf-8", "replace") or "nacked"
+            self._reschedule(inflight, now + self._delay_s(entry[5]))
         elif kind == _RELEASE:
-            entry.attempt_step, entry.reason = 0, pb.reason or "released"
-            self._reschedule(delivery, entry, now)
+            inflight.attempt_step = 0
+            inflight.reason = text.decode("utf-8", "replace") or "released"
+            self._reschedule(inflight, now)
 
-    def redelivered(self, delivery: Delivery, *, dead_lettered: bool = False) -> None:
+    def redelivered(self, key: int, *, dead_lettered: bool = False) -> None:
         """The new copy (or dead letter) and its marker are on the broker: forget the delivery."""
-        key = _key(*delivery)
-        entry = self._inflight.get(key)
-        if entry is not None:
-            self._drop(key, entry)
+        inflight = self._inflight.get(key)
+        if inflight is not None:
+            self._drop(key, inflight)
             self.stats["dead_letters" if dead_lettered else "redeliveries"] += 1
 
-    def discard(self, delivery: Delivery, why: str) -> None:
-        """Forget a delivery that cannot be redelivered (its START is gone), counting ``why``."""
-        key = _key(*delivery)
-        entry = self._inflight.get(key)
-        if entry is not None:
-            self._drop(key, entry)
+    def discard(self, key: int, why: str) -> None:
+        """Forget a delivery that cannot be redelivered (its record is gone), counting ``why``."""
+        inflight = self._inflight.get(key)
+        if inflight is not None:
+            self._drop(key, inflight)
             self.stats[why] += 1
 
-    def redelivery_failed(self, delivery: Delivery, now: float, retry_after_s: float) -> None:
+    def redelivery_failed(self, key: int, now: float, retry_after_s: float) -> None:
         """The redelivery did not go through: try again after ``retry_after_s``."""
-        self._retry(_key(*delivery), now + retry_after_s, "redelivery_failed")
+        self._retry(key, now + retry_after_s, "redelivery_failed")
 
-    def postpone(self, delivery: Delivery, until: float) -> None:
-        """Hold a due redelivery (its queue is paused) until ``until``."""
-        self._retry(_key(*delivery), until, "postponed")
+    def postpone(self, key: int, until: float, why: str = "postponed") -> None:
+        """Hold a due redelivery (its queue is paused, say) until ``until``."""
+        self._retry(key, until, why)
 
     # -- outputs ----------------------------------------------------------------------
 
-    def due(self, now: float, limit: int = 1000) -> list[Redeliver]:
+    def due(self, now: float, limit: int = 1000) -> list[Due]:
         """Redeliveries whose deadline has passed; none while replaying."""
         if self.replaying:
             return []
-        actions: list[Redeliver] = []
-        while self._deadlines and len(actions) < limit:
-            entry = self._deadlines[0]
-            if entry.deadline > now:
+        out: list[Due] = []
+        deadlines = self._deadlines
+        while deadlines and len(out) < limit:
+            inflight = deadlines[0]
+            if inflight.deadline > now:
                 break
-            del self._deadlines[0]
-            key = entry.key
-            entry.redelivering = True
-            action = Redeliver(
-                marker_partition=self.partition,
-                delivery=_delivery(key),
-                queue="",
-                message_id="",
-                attempt=0,
-                key=b"",
-                value=b"",
-                headers=(),
-                reason=entry.reason,
-                start_offset=entry.start_offset,
-                attempt_step=entry.attempt_step,
+            del deadlines[0]
+            inflight.redelivering = True
+            out.append(
+                Due(
+                    marker_partition=self.partition,
+                    key=inflight.key,
+                    start_offset=inflight.start_offset,
+                    attempt_step=inflight.attempt_step,
+                    reason=inflight.reason,
+                    max_attempts=inflight.max_attempts,
+                    dead_letter_queue=self._dead_letter_queues.get(inflight.key, ""),
+                )
             )
-            actions.append(action if entry.start is None else complete(action, entry.start))
-        return actions
+        return out
 
     def next_deadline(self) -> float | None:
         return float(self._deadlines[0].deadline) if self._deadlines else None
@@ -270,7 +226,7 @@ class PartitionState:
 
         ``settled``: START offsets, one per delivery, to count as finished already (for a
         commit that goes in the same transaction as their redelivery). Several STARTs can
-        share one offset (a BATCH record), so they are counted, not just looked up.
+        share one offset (a record holds many markers), so they are counted, not looked up.
         """
         pending = Counter(settled)
         for start in self._starts:
@@ -285,25 +241,28 @@ class PartitionState:
         return len(self._inflight)
 
     def deliveries(self) -> list[Delivery]:
-        return [_delivery(key) for key in self._inflight]
+        return [split_key(key) for key in self._inflight]
 
     # -- internals --------------------------------------------------------------------
 
-    def _on_start(self, offset: int, pb: marker_pb2.Marker, delivery: int, now: float) -> None:
-        if pb.attempt < 1:
-            self.stats["bad_attempt"] += 1  # complete() counts it as attempt 1
-        deadline = now + self._lease_s(pb.redeliver_after_ms)
-        entry = self._inflight.get(delivery)
-        if entry is not None:
+    def _on_start(
+        self, offset: int, entry: Entry, text: bytes, delivery: int, now: float
+    ) -> None:
+        if entry[4] < 1:
+            self.stats["bad_attempt"] += 1  # the record's own attempt header decides
+        deadline = now + self._lease_s(entry[5])
+        inflight = self._inflight.get(delivery)
+        if inflight is not None:
             # The same record started twice: a consumer died between START and offset commit,
             # or a rebalance handed the record to a second consumer. One lease covers both.
             self.stats["duplicate_start"] += 1
-            if not entry.redelivering:
-                self._reschedule(delivery, entry, max(entry.deadline, deadline))
+            if not inflight.redelivering:
+                self._reschedule(inflight, max(inflight.deadline, deadline))
             return
-        start = from_pb(pb) if self.keep_payloads else None
-        entry = self._inflight[delivery] = _InFlight(delivery, deadline, offset, start)
-        self._deadlines.add(entry)
+        inflight = self._inflight[delivery] = _InFlight(delivery, deadline, offset, entry[6])
+        if text:
+            self._dead_letter_queues[delivery] = text.decode("utf-8", "replace")
+        self._deadlines.add(inflight)
         self._starts.add(offset)
 
     def _lease_s(self, ms: int) -> float:
@@ -319,21 +278,23 @@ class PartitionState:
         self.stats["bad_lease"] += 1
         return 0.0 if ms < 0 else MAX_REDELIVERY_TIMEOUT_S
 
-    def _retry(self, delivery: int, deadline: float, why: str) -> None:
-        entry = self._inflight.get(delivery)
-        if entry is not None and entry.redelivering:
-            entry.redelivering = False
+    def _retry(self, key: int, deadline: float, why: str) -> None:
+        inflight = self._inflight.get(key)
+        if inflight is not None and inflight.redelivering:
+            inflight.redelivering = False
             self.stats[why] += 1
-            self._reschedule(delivery, entry, deadline)
+            self._reschedule(inflight, deadline)
 
-    def _reschedule(self, delivery: int, entry: _InFlight, deadline: float) -> None:
-        if not entry.redelivering:
-            self._deadlines.discard(entry)
-        entry.deadline = deadline
-        self._deadlines.add(entry)
+    def _reschedule(self, inflight: _InFlight, deadline: float) -> None:
+        if not inflight.redelivering:
+            self._deadlines.discard(inflight)
+        inflight.deadline = deadline
+        self._deadlines.add(inflight)
 
-    def _drop(self, delivery: int, entry: _InFlight) -> None:
-        del self._inflight[delivery]
-        if not entry.redelivering:
-            self._deadlines.discard(entry)
-        self._starts.discard(entry.start_offset)
+    def _drop(self, key: int, inflight: _InFlight) -> None:
+        del self._inflight[key]
+        if not inflight.redelivering:
+            self._deadlines.discard(inflight)
+        self._starts.discard(inflight.start_offset)
+        if self._dead_letter_queues:
+            self._dead_letter_queues.pop(key, None)

@@ -72,7 +72,8 @@ def _read(
     for key, value in config.kafka.items():
         reader = reader.option(f"kafka.{key}", value)
     df = reader.load()
-    if config.queues:
+    if config.queues and kind == "queue":
+        # Markers (version 2) name no queue: the join with these records picks theirs.
         df = df.where(F.col("queue").isin(*config.queues))
     return df
 
@@ -167,7 +168,10 @@ def run_audit(
         with progress.step("read the queue records", "read_queue"):
             dlqs = sorted(r["queue"] for r in _rows(T.dead_letter_queues(records)))
         with progress.step("join each queue record with its markers", "deliveries"):
-            deliveries = T.deliveries(records, markers).persist(keep)
+            deliveries = T.deliveries(records, markers)
+            if config.queues:
+                deliveries = deliveries.where(F.col("queue").isin(*config.queues))
+            deliveries = deliveries.persist(keep)
             deliveries.count()
         markers.unpersist()
         records.unpersist()

@@ -9,6 +9,7 @@ from kmq.cli.demo import demo
 from kmq.cli.dev import dev
 from kmq.cli.dlq import dlq
 from kmq.cli.pause import pause, resume
+from kmq.cli.queue import queue
 from kmq.cli.topics import topics
 
 
@@ -23,4 +24,5 @@ main.add_command(demo)
 main.add_command(dlq)
 main.add_command(pause)
 main.add_command(resume)
+main.add_command(queue)
 main.add_command(audit)

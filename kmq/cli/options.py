@@ -25,3 +25,9 @@ def connection_options(func: F) -> F:
         help="Kafka bootstrap servers, host:port[,host:port].",
     )(func)
     return func
+
+
+def control_topic_option(func: F) -> F:
+    return click.option(
+        "--control-topic", envvar="KMQ_CONTROL_TOPIC", show_envvar=True, default="kmq.control"
+    )(func)

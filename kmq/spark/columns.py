@@ -13,10 +13,12 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from google.protobuf.message import DecodeError
 
 from kmq._proto import marker_pb2
-from kmq.markers import PROTOCOL_VERSION
+from kmq.errors import MarkerDecodeError
+from kmq.markers import PROTOCOL_VERSION, Entry, MarkerType, check_entry, parse
 from kmq.records import ATTEMPT_HEADER, DLQ_ORIGIN_HEADER, ID_HEADER, parse_queue_headers
 
 _MAX_INT32 = 2**31 - 1
+_START = int(MarkerType.START)
 _TS = pa.timestamp("ms", tz="UTC")
 
 
@@ -115,7 +117,7 @@ class QueueColumns(_Columns):
 
 
 def _marker_error(pb: Any) -> str | None:
-    if pb.version != PROTOCOL_VERSION:
+    if pb.version != 1:
         return f"unsupported marker version {pb.version}"
     if pb.type == 0:
         return "marker type unspecified"
@@ -128,17 +130,82 @@ def _marker_error(pb: Any) -> str | None:
     return None
 
 
+class _V2:
+    """A version 2 marker entry, with the attribute names of the version 1 protobuf. It
+    names its record by lane, partition and offset only: queue, message id, key, value and
+    headers are null."""
+
+    __slots__ = ("_entry", "_text")
+    version = PROTOCOL_VERSION
+    queue = None
+    message_id = None
+    key = None
+    value = None
+    headers = None
+
+    def __init__(self, entry: Entry, text: bytes) -> None:
+        self._entry = entry
+        self._text = text
+
+    @property
+    def type(self) -> int:
+        return self._entry[0]
+
+    @property
+    def lane(self) -> int:
+        return self._entry[1]
+
+    @property
+    def partition(self) -> int:
+        return self._entry[2]
+
+    @property
+    def offset(self) -> int:
+        return self._entry[3]
+
+    @property
+    def attempt(self) -> int:
+        return self._entry[4]
+
+    @property
+    def redeliver_after_ms(self) -> int:
+        return self._entry[5]
+
+    @property
+    def max_attempts(self) -> int:
+        return self._entry[6]
+
+    @property
+    def reason(self) -> str:
+        return "" if self._entry[0] == _START else self._text.decode("utf-8", "replace")
+
+    @property
+    def dead_letter_queue(self) -> str:
+        return self._text.decode("utf-8", "replace") if self._entry[0] == _START else ""
+
+
 def _parse_marker(value: bytes | None) -> list[tuple[Any, str | None]]:
-    """(protobuf marker or None, error) per marker in a record: one, or each entry of a
-    BATCH record; a marker of another version keeps its fields."""
+    """(marker view or None, error) per marker in a record: version 2 entries, or a version 1
+    marker (one, or each entry of a BATCH record); a v1 marker of another version keeps its
+    fields."""
     if value is None:
         return [(None, "marker record has no value")]
+    if value[:1] == b"\x02":
+        try:
+            entries, texts = parse(value)
+        except MarkerDecodeError as exc:
+            return [(None, str(exc))]
+        out: list[tuple[Any, str | None]] = []
+        for entry, text in zip(entries, texts, strict=True):
+            problem = check_entry(entry)
+            out.append((_V2(entry, text) if problem is None else None, problem))
+        return out
     pb = marker_pb2.Marker()
     try:
         pb.ParseFromString(value)
     except (DecodeError, RuntimeWarning, ValueError) as exc:
         return [(None, f"not a protobuf marker: {exc}")]
-    if pb.type == marker_pb2.BATCH and pb.version == PROTOCOL_VERSION:
+    if pb.type == marker_pb2.BATCH and pb.version == 1:
         return [_checked(entry) for entry in pb.batch]
     return [_checked(pb)]
 
@@ -150,6 +217,10 @@ def _checked(pb: Any) -> tuple[Any, str | None]:
 
 def _int32(value: int) -> int | None:
     return value if value <= _MAX_INT32 else None
+
+
+def _headers(pb: Any) -> list[tuple[str, bytes]] | None:
+    return None if pb.headers is None else [(h.key, h.value) for h in pb.headers]
 
 
 _MARKER_FIELDS: dict[str, Callable[[Any], Any]] = {
@@ -164,7 +235,8 @@ _MARKER_FIELDS: dict[str, Callable[[Any], Any]] = {
     "redeliver_after_ms": lambda pb: pb.redeliver_after_ms,
     "key": lambda pb: pb.key,
     "value": lambda pb: pb.value,
-    "headers": lambda pb: [(h.key, h.value) for h in pb.headers],
+    "headers": _headers,
+    "lane": lambda pb: getattr(pb, "lane", 0),
     "reason": lambda pb: pb.reason,
     "max_attempts": lambda pb: _int32(pb.max_attempts),
     "dead_letter_queue": lambda pb: pb.dead_letter_queue,
@@ -184,8 +256,10 @@ class MarkerColumns(_Columns):
         records = [r for r, _ in flat]
         parsed = [p for _, p in flat]
         if self._queue is not None:
+            # Version 2 markers name no queue: they are kept (join them with the queue
+            # records to tell); version 1 markers of other queues are left out.
             q = self._queue
-            keep = [bool(p[0]) and p[0].queue == q for p in parsed]
+            keep = [bool(p[0]) and p[0].queue in (q, None) for p in parsed]
             records = [r for r, k in zip(records, keep, strict=True) if k]
             parsed = [p for p, k in zip(parsed, keep, strict=True) if k]
         c = self.cols

@@ -33,7 +33,8 @@ from pyspark.sql.types import (
 
 from kmq.config import ServiceConfig
 from kmq.errors import BrokerError, ConfigError, MessageTooLargeError
-from kmq.records import new_message_id, queue_headers, start_marker_record_size
+from kmq.layout import TopicLayout, write_partitions
+from kmq.records import new_message_id, queue_headers, record_size
 from kmq.spark.columns import MarkerColumns, QueueColumns
 from kmq.spark.kafka_io import open_producer, partition_bounds, read_range
 from kmq.spark.options import ReadOptions, WriteOptions
@@ -81,10 +82,18 @@ class KmqDataSource(DataSource):
                     bootstrap_servers=options.bootstrap_servers,
                     queue_topic=options.topic,
                     marker_topic=options.marker_topic,
+                    control_topic=options.control_topic,
                 )
             )
+        from kmq.control import read_control
+
+        layout = read_control(options.bootstrap_servers, options.control_topic).layout(
+            options.topic
+        )
         names = set(schema.fieldNames())
-        return KmqWriter(options, has_queue="queue" in names, has_headers="headers" in names)
+        return KmqWriter(
+            options, layout, has_queue="queue" in names, has_headers="headers" in names
+        )
 
 
 class KafkaSplit(InputPartition):
@@ -185,11 +194,20 @@ class KmqWriteCommit(WriterCommitMessage):
 
 class KmqWriter(DataSourceWriter):
     """Enqueues rows like ``Producer.send()``: a fresh message id, attempt 1, the user
-    headers, the queue id as key, round-robin partitions. At-least-once: a retried Spark
-    task enqueues its rows again."""
+    headers, the queue id as key, round-robin over the queue's partitions (the topic's
+    layout, read once by the driver). At-least-once: a retried Spark task enqueues its rows
+    again."""
 
-    def __init__(self, options: WriteOptions, *, has_queue: bool, has_headers: bool) -> None:
+    def __init__(
+        self,
+        options: WriteOptions,
+        layout: TopicLayout | None,
+        *,
+        has_queue: bool,
+        has_headers: bool,
+    ) -> None:
         self.options = options
+        self.layout = layout
         self.has_queue = has_queue
         self.has_headers = has_headers
 
@@ -203,19 +221,23 @@ class KmqWriter(DataSourceWriter):
             if not partitions:
                 raise BrokerError(f"topic {o.topic!r} does not exist")
             rr = itertools.count(random.randrange(1 << 16))
+            placement: dict[str, tuple[int, ...]] = {}
             for row in iterator:
                 row_queue = row["queue"] if self.has_queue else None
                 queue = check_queue_id(row_queue if row_queue is not None else o.queue)
                 payload = check_payload(_bytes(row["payload"]))
                 user = _user_headers(row["headers"] if self.has_headers else None)
                 message_id = new_message_id()
-                self._check_size(queue, message_id, payload, user)
+                self._check_size(queue, payload, user)
+                own = placement.get(queue)
+                if own is None:
+                    own = placement[queue] = write_partitions(self.layout, queue, partitions)
                 future = producer.send(
                     o.topic,
                     key=queue.encode(),
                     value=payload,
                     headers=queue_headers(message_id, 1, user),
-                    partition=next(rr) % partitions,
+                    partition=own[next(rr) % len(own)],
                 )
                 future.add_errback(errors.append)
                 rows += 1
@@ -229,17 +251,17 @@ class KmqWriter(DataSourceWriter):
         return KmqWriteCommit(rows)
 
     def _check_size(
-        self, queue: str, message_id: str, payload: bytes, headers: tuple[tuple[str, bytes], ...]
+        self, queue: str, payload: bytes, headers: tuple[tuple[str, bytes], ...]
     ) -> None:
         limit = self.options.max_message_bytes
-        rough = len(payload) + sum(len(k) + len(v) for k, v in headers) + 2 * len(queue)
+        rough = len(payload) + sum(len(k) * 4 + len(v) for k, v in headers)
         if rough + _SLACK_BYTES <= limit:
             return
-        size = start_marker_record_size(queue, message_id, payload, headers)
+        size = record_size(queue.encode(), payload, headers)
         if size > limit:
             raise MessageTooLargeError(
-                f"payload of {len(payload)} bytes needs a {size}-byte START marker, over the "
-                f"{limit}-byte limit (max_message_bytes)"
+                f"a payload of {len(payload)} bytes makes a record of up to {size} bytes, "
+                f"over the {limit}-byte limit (max_message_bytes)"
             )
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:

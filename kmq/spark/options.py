@@ -152,6 +152,8 @@ class WriteOptions:
     bootstrap_servers: str
     topic: str = DEFAULT_TOPICS["queue"]
     marker_topic: str = DEFAULT_TOPICS["markers"]
+    control_topic: str = "kmq.control"
+    """Where the queue topic's layout is (which partitions each queue's records go to)."""
     queue: str | None = None
     """The logical queue for every row; required unless the DataFrame has a ``queue`` column."""
     create_topics: bool = True
@@ -162,8 +164,10 @@ class WriteOptions:
     def parse(cls, options: Mapping[str, str]) -> WriteOptions:
         topic = _get(options, "topic") or DEFAULT_TOPICS["queue"]
         marker_topic = _get(options, "marker_topic") or DEFAULT_TOPICS["markers"]
+        control_topic = _get(options, "control_topic") or "kmq.control"
         check_topic(topic, "option topic")
         check_topic(marker_topic, "option marker_topic")
+        check_topic(control_topic, "option control_topic")
         queue = _get(options, "queue")
         if queue is not None:
             check_queue_id(queue)
@@ -171,6 +175,7 @@ class WriteOptions:
             bootstrap_servers=_bootstrap(options),
             topic=topic,
             marker_topic=marker_topic,
+            control_topic=control_topic,
             queue=queue,
             create_topics=_bool(options, "create_topics", True),
             max_message_bytes=_int(options, "max_message_bytes", 1_000_000, minimum=1024),

@@ -48,6 +48,7 @@ MARKERS_SCHEMA = StructType(
         StructField("type", StringType()),
         StructField("type_id", IntegerType()),
         StructField("version", IntegerType()),
+        StructField("lane", IntegerType()),
         StructField("queue", StringType()),
         StructField("partition", IntegerType()),
         StructField("offset", LongType()),
@@ -64,7 +65,9 @@ MARKERS_SCHEMA = StructType(
     ]
 )
 """Markers-topic records. ``marker_partition``/``marker_offset``/``timestamp`` locate the
-marker record itself; ``partition``/``offset`` name the queue-topic record it is about.
+marker record itself; ``lane``/``partition``/``offset`` name the record it is about (lane 0:
+the queue topic). Version 2 markers (kmq 0.2) carry no ``queue``, ``message_id``, ``key``,
+``value`` or ``headers`` (null): join them with the queue records.
 ``type`` is the marker type's name (``UNKNOWN_<n>`` for a type this build does not know);
 ``error`` is set, and the marker fields may be null, when the record is not a valid marker."""
 

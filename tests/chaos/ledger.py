@@ -122,6 +122,8 @@ class MarkerRecord:
     offset: int
     timestamp_s: float
     marker: Marker
+    message_id: str
+    """Of the record the marker names (markers carry no ids since protocol version 2)."""
 
 
 @dataclass(frozen=True)
@@ -236,40 +238,61 @@ class TopicTail:
         self._consumer.close()
 
 
-class MarkerLog:
-    """Every marker read so far, and the ids that are settled."""
-
-    def __init__(self) -> None:
-        self.records: list[MarkerRecord] = []
-        self.settled: set[str] = set()
-        self.undecodable = 0
-
-    def add(self, record: Any) -> None:
-        try:
-            markers = decode_all(record.value)  # one marker, or a BATCH of them
-        except MarkerDecodeError:
-            self.undecodable += 1
-            return
-        for marker in markers:
-            self.records.append(
-                MarkerRecord(record.partition, record.offset, record.timestamp / 1000, marker)
-            )
-            if marker.type in SETTLED_TYPES:
-                self.settled.add(marker.message_id)
-
-
 class QueueLog:
     def __init__(self) -> None:
         self.records: list[QueueRecord] = []
+        self.names: dict[Delivery, str] = {}
+        """Message id by record, for naming markers."""
 
     def add(self, record: Any) -> None:
         message_id, attempt, _ = parse_queue_headers(record.headers)
         if message_id is not None:
+            self.names[(record.partition, record.offset)] = message_id
             self.records.append(
                 QueueRecord(
                     record.partition, record.offset, record.timestamp / 1000, message_id, attempt
                 )
             )
+
+
+class MarkerLog:
+    """Every marker read so far, named after its record, and the ids that are settled.
+
+    A marker names its record by position only: :meth:`resolve` looks the ids up in a
+    :class:`QueueLog` read *after* the markers (a marker is written after its record, so
+    every record a marker read so far names is then known).
+    """
+
+    def __init__(self) -> None:
+        self.records: list[MarkerRecord] = []
+        self.settled: set[str] = set()
+        self.undecodable = 0
+        self._unnamed: list[tuple[int, int, float, Marker]] = []
+
+    def add(self, record: Any) -> None:
+        try:
+            markers = decode_all(record.value)  # one or more markers
+        except MarkerDecodeError:
+            self.undecodable += 1
+            return
+        for marker in markers:
+            self._unnamed.append((record.partition, record.offset, record.timestamp / 1000, marker))
+
+    def resolve(self, queue: QueueLog) -> None:
+        still: list[tuple[int, int, float, Marker]] = []
+        for partition, offset, ts, marker in self._unnamed:
+            message_id = marker.message_id or queue.names.get(marker.delivery)
+            if message_id is None:
+                still.append((partition, offset, ts, marker))
+                continue
+            self.records.append(MarkerRecord(partition, offset, ts, marker, message_id))
+            if marker.type in SETTLED_TYPES:
+                self.settled.add(message_id)
+        self._unnamed = still
+
+    @property
+    def unnamed(self) -> int:
+        return len(self._unnamed)
 
 
 @dataclass
@@ -372,7 +395,7 @@ def check(run: RunLog, ledgers: Ledgers, markers: MarkerLog, queue: QueueLog) ->
 def _check_settlement(report: Report, ledgers: Ledgers, markers: MarkerLog) -> None:
     """Lost messages, acks without END, duplicate deliveries."""
     report.lost = sorted(set(ledgers.sent) - markers.settled)
-    ends = Counter(r.marker.message_id for r in markers.records if r.marker.type is MarkerType.END)
+    ends = Counter(r.message_id for r in markers.records if r.marker.type is MarkerType.END)
     acked = {e.id for e in ledgers.events if e.kind == "acked"}
     report.acked_without_end = sorted(acked - set(ends))
     report.processed_twice = sum(1 for n in ends.values() if n > 1)
@@ -402,9 +425,9 @@ def _check_skew(report: Report, ledgers: Ledgers, markers: MarkerLog, queue: Que
             acked[e.id, e.delivery].append(e.t)
     ahead = behind = 0
     for r in markers.records:
-        key = (r.marker.message_id, (r.marker.partition, r.marker.offset))
+        key = (r.message_id, (r.marker.partition, r.marker.offset))
         if r.marker.type is MarkerType.START:
-            sent = ledgers.sent.get(r.marker.message_id)
+            sent = ledgers.sent.get(r.message_id)
             lo = None if sent is None else sent - SEND_WINDOW_S
             hi = max(took[key]) if key in took else None
         elif r.marker.type is MarkerType.END and key in took and key in acked:
@@ -439,7 +462,7 @@ def _check_redeliveries(
     nacked: set[tuple[str, Delivery]] = set()
     redelivered: list[MarkerRecord] = []
     for record in markers.records:
-        key = (record.marker.message_id, record.marker.delivery)
+        key = (record.message_id, record.marker.delivery)
         if record.marker.type in WORKER_MARKER_TYPES:
             marks[key].append(record)
         if record.marker.type is MarkerType.START:
@@ -458,7 +481,7 @@ def _check_redeliveries(
     checker = _Explainer(run, workers)
     for record in sorted(redelivered, key=lambda r: r.timestamp_s):
         marker = record.marker
-        key = (marker.message_id, marker.delivery)
+        key = (record.message_id, marker.delivery)
         at = record.timestamp_s
         events = by_delivery.get(key, [])
         if key in first_redelivery:
@@ -470,7 +493,7 @@ def _check_redeliveries(
             else:
                 report.causes["unexplained"] += 1
                 report.unexplained.append(
-                    f"{marker.message_id} {marker.delivery}: redelivered again at {at:.3f} "
+                    f"{record.message_id} {marker.delivery}: redelivered again at {at:.3f} "
                     f"(first at {previous:.3f}) with no tracker kill or fault in between"
                 )
             continue
@@ -481,13 +504,13 @@ def _check_redeliveries(
                 report.causes["nacked"] += 1
             else:
                 report.causes["unexplained"] += 1
-                report.unexplained.append(f"{marker.message_id} {marker.delivery}: nack unknown")
+                report.unexplained.append(f"{record.message_id} {marker.delivery}: nack unknown")
             continue
         if marker.reason.startswith("released"):
             # Only Consumer.close() releases, and chaos workers never close their consumers.
             report.causes["unexplained"] += 1
             report.unexplained.append(
-                f"{marker.message_id} {marker.delivery}: released ({marker.reason})"
+                f"{record.message_id} {marker.delivery}: released ({marker.reason})"
             )
             continue
         # The lease expired: was it early, and why did it expire? Holders are the workers that
@@ -502,19 +525,19 @@ def _check_redeliveries(
             report.unattributed_starts += 1
         elif at - start_at < run.lease_s - TIMESTAMP_SLACK_S:
             report.early.append(
-                f"{marker.message_id} {marker.delivery}: redelivered {at - start_at:.3f} s "
+                f"{record.message_id} {marker.delivery}: redelivered {at - start_at:.3f} s "
                 f"after its START was written (lease {run.lease_s} s)"
             )
         cause, killed_at = checker.cause(events, holders, marks.get(key, []), at)
         report.causes[cause] += 1
         if cause in ("unexplained", "tracker_lag", "holder_silent"):
             (report.unexplained if cause == "unexplained" else report.overload).append(
-                f"{cause}: {marker.message_id} {marker.delivery}: lease expired at {at:.3f}, "
+                f"{cause}: {record.message_id} {marker.delivery}: lease expired at {at:.3f}, "
                 f"holders {[h.name for h in holders]} alive, no fault overlapped the lease; "
                 f"ledger: {[(e.kind, e.worker, round(e.t, 3)) for e in events]}"
             )
         elif killed_at is not None:
-            after = [t for t in receipts.get((marker.message_id, marker.attempt), []) if t >= at]
+            after = [t for t in receipts.get((record.message_id, marker.attempt), []) if t >= at]
             if after:
                 report.delays_beyond_lease_s.append(min(after) - killed_at - run.lease_s)
 

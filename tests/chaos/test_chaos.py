@@ -442,7 +442,9 @@ def test_chaos(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
         markers, queue_log = MarkerLog(), QueueLog()
         marker_tail = TopicTail(bootstrap, MARKER_TOPIC)
         stack.callback(marker_tail.close)
-        _drain(params, sent, marker_tail, markers, cluster, say)
+        queue_tail = TopicTail(bootstrap, QUEUE_TOPIC)
+        stack.callback(queue_tail.close)
+        _drain(params, sent, (marker_tail, queue_tail), (markers, queue_log), cluster, say)
         drained_in = time.time() - chaos_ended
 
         # -- stop everything, then read the final state ------------------------------------
@@ -451,9 +453,9 @@ def test_chaos(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
         cluster.reap()
         marker_tail.refresh()  # the last markers were written after its last fetch
         marker_tail.read_to_end(markers.add, timeout_s=120)
-        queue_tail = TopicTail(bootstrap, QUEUE_TOPIC)
-        stack.callback(queue_tail.close)
-        queue_tail.read_to_end(queue_log.add, timeout_s=120)
+        queue_tail.refresh()
+        queue_tail.read_to_end(queue_log.add, timeout_s=120)  # after the markers: see resolve
+        markers.resolve(queue_log)
         ledgers = read_ledgers(ledger_dir, cluster.incarnations)
         run = RunLog(
             seed=params.seed,
@@ -509,8 +511,8 @@ def _respawn_crashed(cluster: Cluster, say: Callable[[str], None]) -> None:
 def _drain(
     params: Params,
     sent: dict[str, float],
-    tail: TopicTail,
-    markers: MarkerLog,
+    tails: tuple[TopicTail, TopicTail],
+    logs: tuple[MarkerLog, QueueLog],
     cluster: Cluster,
     say: Callable[[str], None],
 ) -> None:
@@ -522,8 +524,12 @@ def _drain(
     stuck_at = started + params.drain_s
     next_progress = started + 30
     missing = len(sent)
+    marker_tail, queue_tail = tails
+    markers, queue_log = logs
     while True:
-        tail.read_to_end(markers.add, timeout_s=60)
+        marker_tail.read_to_end(markers.add, timeout_s=60)
+        queue_tail.read_to_end(queue_log.add, timeout_s=60)  # names what was just read
+        markers.resolve(queue_log)
         still = len(sent.keys() - markers.settled)
         if still < missing:
             missing, stuck_at = still, time.monotonic() + params.drain_s
@@ -574,10 +580,10 @@ def _details(
         lines.append(f"lost {message_id} sent at {ledgers.sent.get(message_id, 0):.3f}")
     wanted = set(report.lost[:200]) | set(report.acked_without_end[:200])
     for record in markers.records:
-        if record.marker.message_id in wanted:
+        if record.message_id in wanted:
             m = record.marker
             lines.append(
-                f"  marker {m.message_id} {m.type.name} record={m.partition}:{m.offset} "
+                f"  marker {record.message_id} {m.type.name} record={m.partition}:{m.offset} "
                 f"attempt={m.attempt} reason={m.reason!r} at={record.partition}:"
                 f"{record.offset} ts={record.timestamp_s:.3f}"
             )

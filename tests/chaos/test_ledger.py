@@ -43,7 +43,7 @@ def marker(
         attempt=attempt,
         reason=reason,
     )
-    return MarkerRecord(0, offset, ts, m)
+    return MarkerRecord(0, offset, ts, m, MID)
 
 
 def event(

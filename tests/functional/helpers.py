@@ -13,12 +13,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 
 from kmq.errors import MarkerDecodeError
-from kmq.markers import Marker, decode_all
+from kmq.markers import Marker, MarkerType, decode_all
+from kmq.records import parse_queue_headers
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
@@ -126,28 +128,67 @@ class Children:
                 child.proc.wait(timeout=30)
 
 
-def read_markers(bootstrap_servers: str, topic: str, timeout_s: float = 10.0) -> list[Marker]:
-    """Every decodable marker on ``topic``, up to the high watermarks seen while reading."""
+def read_records(bootstrap_servers: str, topic: str, timeout_s: float = 10.0) -> list[Any]:
+    """Every record on ``topic``, up to the high watermarks seen while reading."""
     consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False)
     try:
         partitions = consumer.partitions_for_topic(topic) or set()
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
-        markers: list[Marker] = []
+        records: list[Any] = []
         done: set[TopicPartition] = set()
         deadline = time.monotonic() + timeout_s
         while len(done) < len(tps) and time.monotonic() < deadline:
             for batch in consumer.poll(timeout_ms=200).values():
-                for record in batch:
-                    with contextlib.suppress(MarkerDecodeError):
-                        markers.extend(decode_all(record.value))
+                records.extend(batch)
             for tp in tps:
                 highwater = consumer.highwater(tp)
                 if highwater is not None and consumer.position(tp) >= highwater:
                     done.add(tp)
         if len(done) < len(tps):
             raise AssertionError(f"could not read {topic} to its end in {timeout_s} s")
-        return markers
+        return records
     finally:
         consumer.close()
+
+
+@dataclass(frozen=True)
+class NamedMarker:
+    """A marker with the queue and message id of the record it names (markers carry
+    neither since protocol version 2)."""
+
+    marker: Marker
+    queue: str
+    message_id: str
+
+    @property
+    def type(self) -> MarkerType:
+        return self.marker.type
+
+    @property
+    def reason(self) -> str:
+        return self.marker.reason
+
+    @property
+    def attempt(self) -> int:
+        return self.marker.attempt
+
+
+def read_markers(
+    bootstrap_servers: str, topics: Any, timeout_s: float = 10.0
+) -> list[NamedMarker]:
+    """Every decodable marker on ``topics.markers``, named after the record it is about
+    (read from ``topics.queue``)."""
+    names: dict[tuple[int, int], tuple[str, str]] = {}
+    for record in read_records(bootstrap_servers, topics.queue, timeout_s):
+        message_id, _, _ = parse_queue_headers(record.headers)
+        queue = (record.key or b"").decode("utf-8", "replace")
+        names[(record.partition, record.offset)] = (queue, message_id or "")
+    out: list[NamedMarker] = []
+    for record in read_records(bootstrap_servers, topics.markers, timeout_s):
+        with contextlib.suppress(MarkerDecodeError):
+            for marker in decode_all(record.value):
+                queue, message_id = names.get(marker.delivery, ("", ""))
+                out.append(NamedMarker(marker, queue, message_id))
+    return out

@@ -72,7 +72,7 @@ def test_reject_dead_letters_at_once_and_replay_brings_it_back(
         for m in back:
             assert m is not None
             m.ack()
-    markers = read_markers(broker.bootstrap_servers, topics.markers)
+    markers = read_markers(broker.bootstrap_servers, topics)
     dead = [m for m in markers if m.type is MarkerType.DEAD_LETTERED and m.queue == "jobs"]
     assert {m.message_id for m in dead} == rejected
 
@@ -109,7 +109,7 @@ def test_at_most_once_never_redelivers_and_writes_no_markers(
         assert other.receive(timeout_s=3) is None
     wait_until(lambda: tracker.wait_caught_up(1), 5, "tracker")
     assert [
-        m for m in read_markers(broker.bootstrap_servers, topics.markers) if m.queue == "fire"
+        m for m in read_markers(broker.bootstrap_servers, topics) if m.queue == "fire"
     ] == []
 
 

@@ -16,8 +16,9 @@ from kafka.admin import NewTopic
 from kafka.errors import KafkaTimeoutError
 
 import kmq
-import tracker.daemon as tracker_daemon
+import tracker.reread as tracker_reread
 from kmq.markers import Marker, MarkerType, encode
+from kmq.markers_v1 import encode_v1
 from kmq.records import parse_queue_headers
 from tests.functional.conftest import Broker, RunningTracker, Topics, tracker_argv, worker_argv
 from tests.functional.helpers import Child, Children, read_markers, wait_until
@@ -135,7 +136,7 @@ def test_tracker_restart_loses_nothing_and_redelivers_once(
     t2.kill(signal.SIGTERM)
     assert t2.proc.returncode == 0
     assert not [line for line in t2.lines if ": redelivered " in line]
-    redelivered = [m for m in read_markers(broker.bootstrap_servers, topics.markers)
+    redelivered = [m for m in read_markers(broker.bootstrap_servers, topics)
                    if m.type is MarkerType.REDELIVERED]  # fmt: skip
     assert sorted(m.message_id for m in redelivered) == sorted(sent - acked)
 
@@ -303,15 +304,19 @@ def test_tracker_survives_garbage_on_the_markers_topic(
     broker: Broker, topics: Topics, service: kmq.Service, tracker: Tracker
 ) -> None:
     kp = KafkaProducer(bootstrap_servers=broker.bootstrap_servers)
+    start, end, keepalive = MarkerType.START, MarkerType.END, MarkerType.KEEPALIVE
     junk = [
-        b"\xff\xfe not protobuf",
+        b"\xff\xfe not a marker",
         b"",
-        encode(Marker(MarkerType.END, "q", 0, 1, "no-such-id", 1)),
-        encode(Marker(MarkerType.KEEPALIVE, "q", 0, 2, "no-such-id", 1, 1000)),
-        encode(Marker(MarkerType.START, "q", 0, 3, "absurd", 1, redeliver_after_ms=-5)),
-        encode(Marker(MarkerType.START, "q", 0, 3, "absurd", 1, redeliver_after_ms=-5)),
-        encode(Marker(MarkerType.START, "q", 0, 1, "x", 1, redeliver_after_ms=10**15)),
-        encode(Marker(MarkerType.START, "q", 0, 2, "x", 1, version=9)),
+        b"\x02\x00\x00\x00\x05too short for five",
+        encode(Marker(end, 0, 1)),  # unknown deliveries
+        encode(Marker(keepalive, 0, 2, redeliver_after_ms=1000)),
+        encode(Marker(start, 0, 3, redeliver_after_ms=0)),  # bad lease, twice: one duplicate
+        encode(Marker(start, 0, 3, redeliver_after_ms=0)),
+        encode(Marker(start, 0, 4, redeliver_after_ms=2**32 - 1)),  # absurd lease
+        encode_v1(type=end, queue="q", partition=0, offset=5, message_id="old", attempt=1),
+        encode_v1(type=start, queue="q", partition=0, offset=6, message_id="x", version=9),
+        encode_v1(type=start, queue="q", partition=0, offset=7, message_id="", attempt=1),
     ]
     for partition in (0, 1):
         for value in junk:
@@ -319,29 +324,44 @@ def test_tracker_survives_garbage_on_the_markers_topic(
         kp.send(topics.markers, key=b"tombstone", value=None, partition=partition)
     kp.flush()
     kp.close()
-    wait_until(lambda: tracker.stats()["bad_marker"] >= 8, 15, "the tracker to skip the junk")
+    wait_until(lambda: tracker.stats()["bad_marker"] >= 10, 15, "the tracker to skip the junk")
     stats = tracker.stats()
-    assert stats["unknown_delivery"] >= 4
+    assert stats["unknown_delivery"] >= 6
     assert stats["duplicate_start"] >= 2
     assert stats["bad_lease"] >= 4
+    # The STARTs name queue records that were never written: once their (default, 1 s)
+    # leases run out, re-reading finds nothing, and they are counted, not redelivered.
+    wait_until(lambda: tracker.stats()["record_missing"] >= 4, 15, "missing records counted")
+    assert tracker.stats()["redeliveries"] == 0
     assert_nacked_message_comes_back(service.queue("after-junk"))  # still working
 
 
-def test_a_start_re_read_cut_short_still_makes_progress(
+def queue_record(topic: str, queue: str, message_id: str, payload: bytes) -> dict[str, Any]:
+    return {
+        "topic": topic,
+        "key": queue.encode(),
+        "value": payload,
+        "headers": [("kmq.id", message_id.encode())],
+        "partition": 0,
+    }
+
+
+def test_a_re_read_cut_short_still_makes_progress(
     monkeypatch: pytest.MonkeyPatch, broker: Broker, topics: Topics, tracker: Tracker
 ) -> None:
-    """The tracker re-reads a START from the markers log to redeliver its payload. On a slow
-    broker that scan may not reach its end in time; the STARTs it did read must still be
-    redelivered (a full run of the chaos suite starved all redeliveries for 18 minutes)."""
-    monkeypatch.setattr(tracker_daemon, "_SCAN_TIMEOUT_S", 0.0)  # one poll per scan
-    monkeypatch.setattr(tracker_daemon, "_SCAN_RECORDS", 1)  # of one record
+    """The tracker re-reads a due delivery's record to redeliver it. On a slow broker that
+    scan may not reach its end in time; what it did read must still be redelivered (a full
+    run of the chaos suite once starved all redeliveries for 18 minutes)."""
+    monkeypatch.setattr(tracker._records, "_scan_timeout_s", 0.0)  # one poll per scan
+    monkeypatch.setattr(tracker_reread, "SCAN_RECORDS", 1)  # of one record
     kp = KafkaProducer(bootstrap_servers=broker.bootstrap_servers)
     ids = [f"slow-scan-{i}" for i in range(3)]
-    for i, message_id in enumerate(ids):
-        start = Marker(
-            MarkerType.START, "jobs", 0, 100 + i, message_id, 1,
-            redeliver_after_ms=100, key=b"jobs", value=b"payload-%d" % i,
-        )  # fmt: skip
+    offsets = [
+        kp.send(**queue_record(topics.queue, "jobs", mid, b"payload")).get(10).offset
+        for mid in ids
+    ]
+    for offset in offsets:
+        start = Marker(MarkerType.START, 0, offset, redeliver_after_ms=100)
         kp.send(topics.markers, value=encode(start), partition=0)  # one record each
     kp.flush()
     kp.close()
@@ -350,19 +370,36 @@ def test_a_start_re_read_cut_short_still_makes_progress(
     assert copies == Counter(ids)
 
 
-def test_a_start_re_read_that_fails_is_retried(
+def test_an_old_start_marker_is_still_redelivered(
+    broker: Broker, topics: Topics, tracker: Tracker
+) -> None:
+    """A version 1 START (kmq 0.1, with the payload inside) left on the markers topic by an
+    upgrade is redelivered like a new one, from its queue record."""
+    kp = KafkaProducer(bootstrap_servers=broker.bootstrap_servers)
+    offset = kp.send(**queue_record(topics.queue, "jobs", "old-one", b"old")).get(10).offset
+    old = encode_v1(
+        type=MarkerType.START, queue="jobs", partition=0, offset=offset, message_id="old-one",
+        attempt=1, redeliver_after_ms=100, key=b"jobs", value=b"old",
+    )  # fmt: skip
+    kp.send(topics.markers, key=b"old-one", value=old, partition=0).get(10)
+    kp.close()
+    wait_until(lambda: tracker.stats()["redeliveries"] >= 1, 20, "the old START's redelivery")
+    assert ("old-one", 2) in queue_records(broker, topics.queue)
+
+
+def test_a_re_read_that_fails_is_retried(
     monkeypatch: pytest.MonkeyPatch, service: kmq.Service, tracker: Tracker
 ) -> None:
-    real = Tracker._read_starts
+    real = tracker._records.read
     failures: list[int] = []
 
-    def flaky(self: Tracker, partition: int, wanted: Any) -> Any:
+    def flaky(wanted: Any) -> Any:
         if not failures:
-            failures.append(partition)
+            failures.append(len(wanted))
             raise KafkaTimeoutError("injected: the re-read failed")
-        return real(self, partition, wanted)
+        return real(wanted)
 
-    monkeypatch.setattr(Tracker, "_read_starts", flaky)
+    monkeypatch.setattr(tracker._records, "read", flaky)
     assert_nacked_message_comes_back(service.queue("reread"))
     assert failures, "the fault was never hit"
 
@@ -480,29 +517,24 @@ def test_a_two_megabyte_nack_reason_is_cut_and_the_consumer_carries_on(
     other = (sent - {first.id}).pop()
     assert sorted(got) == sorted([(first.id, 2), (other, 1)])
     redelivered = [
-        m for m in read_markers(broker.bootstrap_servers, topics.markers)
+        m for m in read_markers(broker.bootstrap_servers, topics)
         if m.type is MarkerType.REDELIVERED and m.message_id == first.id
     ]  # fmt: skip
     assert [m.reason for m in redelivered] == ["x" * 999 + "\u2026"]
 
 
-def test_a_record_over_the_consumers_limit_fails_it_loudly_and_is_kept(
+def test_a_record_over_the_consumers_limit_is_still_delivered(
     broker: Broker, topics: Topics
 ) -> None:
-    """A producer allowed 3 MB sends 2 MB; a consumer left at the 1 MB default cannot write
-    its START. receive() raises a kmq error that names the setting to fix (it used to end
-    with kafka-python's bare MessageSizeTooLargeError, from the marker left in the writer),
-    and a consumer given the producers' limit then gets the message."""
+    """A producer allowed 3 MB sends 2 MB; a consumer left at the 1 MB default still gets
+    it: markers no longer carry the payload, so nothing the consumer writes grows with it
+    (before, its START was refused and the consumer stopped)."""
     config = big_message_topics(broker, topics, 3_000_000)
     payload = os.urandom(2_000_000)
     with kmq.Service(config) as svc:
         sent = svc.queue("big").producer().send(payload)
     small = dataclasses.replace(config, max_message_bytes=1_000_000)
     with kmq.Service(small) as svc, svc.queue("big").consumer() as consumer:
-        with pytest.raises(kmq.ConsumerClosedError, match="max_message_bytes") as failed:
-            consumer.receive(timeout_s=30)
-        assert isinstance(failed.value.__cause__, kmq.MessageTooLargeError)
-    with kmq.Service(config) as svc, svc.queue("big").consumer() as consumer:
         msg = consumer.receive(timeout_s=30)
         assert msg is not None and (msg.id, msg.payload) == (sent, payload)
         msg.ack()

@@ -12,7 +12,8 @@ from kafka import KafkaProducer
 from pyspark.sql import DataFrameReader, SparkSession
 
 import kmq
-from kmq.markers import Marker, MarkerType, encode
+from kmq.markers import Marker, MarkerType, encode, encode_batch
+from kmq.markers_v1 import encode_v1
 from kmq.records import queue_headers
 from kmq.spark.kafka_io import partition_bounds
 from kmq.topics import ensure_topics
@@ -93,14 +94,19 @@ def test_read_stops_at_the_planned_offsets(spark: SparkSession, bootstrap: str) 
     producer.close()
 
 
-def test_read_every_marker_field(spark: SparkSession, bootstrap: str) -> None:
+def test_read_every_marker_field_of_an_old_marker(spark: SparkSession, bootstrap: str) -> None:
+    """Version 1 markers (kmq 0.1) stay readable, every field of them."""
     config = _topics(bootstrap)
     producer = KafkaProducer(bootstrap_servers=bootstrap)
-    start = Marker(MarkerType.START, "orders", 2, 17, "m1", 1, 30_000, b"orders", b"body",
-                   (("h", b"v"),), max_attempts=5, dead_letter_queue="orders.dlq")  # fmt: skip
-    nack = Marker(MarkerType.NACK, "orders", 2, 17, "m1", 1, 500, reason="later")
-    for marker in (start, nack):
-        producer.send(config.marker_topic, key=b"m1", value=encode(marker), timestamp_ms=1234)
+    start = encode_v1(type=MarkerType.START, queue="orders", partition=2, offset=17,
+                      message_id="m1", attempt=1, redeliver_after_ms=30_000, key=b"orders",
+                      value=b"body", headers=[("h", b"v")], max_attempts=5,
+                      dead_letter_queue="orders.dlq")  # fmt: skip
+    nack = encode_v1(type=MarkerType.NACK, queue="orders", partition=2, offset=17,
+                     message_id="m1", attempt=1, redeliver_after_ms=500,
+                     reason="later")  # fmt: skip
+    for value in (start, nack):
+        producer.send(config.marker_topic, key=b"m1", value=value, timestamp_ms=1234)
     producer.send(config.marker_topic, key=b"x", value=b"garbage")
     producer.flush()
     producer.close()
@@ -120,10 +126,41 @@ def test_read_every_marker_field(spark: SparkSession, bootstrap: str) -> None:
     )  # fmt: skip
     assert [(h["key"], bytes(h["value"])) for h in s["headers"]] == [("h", b"v")]
     assert (s["version"], s["type_id"], int(s["timestamp"].timestamp() * 1000)) == (1, 1, 1234)
+    assert s["lane"] == 0
     assert good[0]["marker_partition"] == good[1]["marker_partition"]  # keyed by message id
     assert good[1]["marker_offset"] == good[0]["marker_offset"] + 1
     [bad] = [r for r in rows if r["error"] is not None]
     assert bad["error"].startswith("not a protobuf marker") and bad["type"] is None
+
+
+def test_read_every_marker_field(spark: SparkSession, bootstrap: str) -> None:
+    """Version 2 markers: several in one record, each a row at the record's position."""
+    config = _topics(bootstrap)
+    producer = KafkaProducer(bootstrap_servers=bootstrap)
+    start = Marker(MarkerType.START, 2, 17, 1, 30_000, 5, dead_letter_queue="orders.dlq")
+    nack = Marker(MarkerType.NACK, 2, 17, 1, 500, reason="later")
+    end = Marker(MarkerType.END, 1, 4, 3, lane=1)
+    producer.send(config.marker_topic, value=encode_batch([start, nack]), timestamp_ms=1234)
+    producer.send(config.marker_topic, value=encode(end), timestamp_ms=1235)
+    producer.send(config.marker_topic, value=b"\x02\x00\x00\x00\x09short")
+    producer.flush()
+    producer.close()
+    rows = [r.asDict() for r in _reader(spark, config, "markers").load().collect()]
+    good = sorted((r for r in rows if r["error"] is None), key=lambda r: r["type_id"])
+    assert [
+        (r["type"], r["lane"], r["partition"], r["offset"], r["attempt"], r["version"])
+        for r in good
+    ] == [("START", 0, 2, 17, 1, 2), ("END", 1, 1, 4, 3, 2), ("NACK", 0, 2, 17, 1, 2)]
+    s, _, n = good
+    assert (s["redeliver_after_ms"], s["max_attempts"], s["dead_letter_queue"]) == (
+        30_000, 5, "orders.dlq"
+    )  # fmt: skip
+    assert (n["reason"], n["redeliver_after_ms"]) == ("later", 500)
+    assert (s["marker_partition"], s["marker_offset"]) == (n["marker_partition"],
+                                                           n["marker_offset"])  # fmt: skip
+    assert (s["queue"], s["message_id"], s["key"], s["value"], s["headers"]) == (None,) * 5
+    [bad] = [r for r in rows if r["error"] is not None]
+    assert "cannot hold 9 markers" in bad["error"] and bad["type"] is None
 
 
 def test_write_enqueues_like_send(spark: SparkSession, bootstrap: str) -> None:
@@ -143,7 +180,8 @@ def test_write_enqueues_like_send(spark: SparkSession, bootstrap: str) -> None:
     assert len(back) == 30 and all(re.fullmatch(r"[0-9a-f]{32}", m) for m in back)
     assert {r["queue"] for r in back.values()} == {"jobs"}
     assert {r["attempt"] for r in back.values()} == {1}
-    assert len({r["partition"] for r in back.values()}) == 3  # spread like send()
+    with kmq.Service(config) as svc:  # spread over the queue's partitions, like send()
+        assert {r["partition"] for r in back.values()} == set(svc.write_partitions("jobs"))
     with kmq.Service(config) as svc, svc.queue("jobs").consumer() as consumer:
         got: dict[str, kmq.Message] = {}
         while len(got) < 30:

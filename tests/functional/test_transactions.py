@@ -52,7 +52,7 @@ def test_transactional_consumer_starts_and_commits_atomically(
     # The transactional consumer's queue offsets are committed: a new consumer gets nothing.
     with q.consumer() as later:
         assert later.receive(timeout_s=3) is None
-    markers = read_markers(broker.bootstrap_servers, topics.markers)
+    markers = read_markers(broker.bootstrap_servers, topics)
     starts = [m for m in markers if m.type is MarkerType.START]
     assert len(starts) == 6
     redelivered = [m for m in markers if m.type is MarkerType.REDELIVERED]

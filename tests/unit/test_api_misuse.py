@@ -19,7 +19,7 @@ import kmq
 import kmq.errors
 from kmq.config import MAX_REDELIVERY_TIMEOUT_S
 from kmq.message import State
-from kmq.records import new_message_id, start_marker_record_size
+from kmq.records import record_size
 from kmq.validation import MAX_QUEUE_ID_BYTES
 
 UNREACHABLE = "127.0.0.1:1"
@@ -173,21 +173,33 @@ def test_payload_as_large_as_the_limit_is_too_large() -> None:
         producer(max_message_bytes=1_000_000).send(b"x" * 1_000_000)
 
 
+@pytest.mark.parametrize("headers", [{}, {"h": b"v"}, {"€" * 100: b"x" * 50}])
+@pytest.mark.parametrize(("extra", "fits"), [(0, True), (1, False)])
+def test_the_size_limit_is_exact(headers: dict[str, bytes], extra: int, fits: bool) -> None:
+    """A record of exactly max_message_bytes (by record_size) goes out; one byte more not."""
+    limit = 20_000
+    pairs = tuple(headers.items())
+    payload = b"x" * (limit - record_size(b"q", b"", pairs) + extra)
+    assert (record_size(b"q", payload, pairs) <= limit) is fits
+    with pytest.raises(NetworkTouched if fits else kmq.MessageTooLargeError):
+        producer(max_message_bytes=limit).send(payload, headers)
+
+
 @pytest.mark.parametrize(
     "headers",
     [
         {"é" * 50_000: b""},  # 100,000 UTF-8 bytes in 50,000 characters
-        {f"h{i}": b"" for i in range(1000)},  # protobuf overhead of many small headers
+        {f"h{i}": b"" for i in range(1000)},  # record overhead of many small headers
     ],
     ids=["non-ascii-header-name", "many-headers"],
 )
 def test_size_check_cannot_be_fooled_by_headers(headers: dict[str, bytes]) -> None:
     limit = 1_000_000
-    # The largest payload a size estimate counting header characters, not bytes, lets through
-    # without encoding the marker (4096 bytes of slack, the 1-byte queue key counted twice).
+    # The largest payload a size estimate counting header characters, not bytes, and no
+    # per-header overhead lets through (4096 bytes of slack, the 1-byte queue key).
     headers_len = sum(len(k) + len(v) for k, v in headers.items())
-    payload = b"x" * (limit - 4096 - headers_len - 2)
-    size = start_marker_record_size("q", new_message_id(), payload, tuple(headers.items()))
+    payload = b"x" * (limit - 4096 - headers_len - 1)
+    size = record_size(b"q", payload, tuple(headers.items()))
     assert size > limit, "the example must really be too large"
     with pytest.raises(kmq.MessageTooLargeError):
         producer(max_message_bytes=limit).send(payload, headers)
@@ -208,11 +220,11 @@ header_sets = st.one_of(
     fill=st.floats(0, 1.2),
     headers=header_sets,
 )
-def test_send_reaches_network_iff_start_marker_fits(
+def test_send_reaches_network_iff_the_record_fits(
     limit: int, fill: float, headers: dict[str, bytes]
 ) -> None:
     payload = b"x" * int(limit * fill)
-    size = start_marker_record_size("q", new_message_id(), payload, tuple(headers.items()))
+    size = record_size(b"q", payload, tuple(headers.items()))
     svc = kmq.Service(bootstrap_servers=UNREACHABLE, max_message_bytes=limit)
 
     def reached(*args: object, **kwargs: object) -> None:
@@ -312,6 +324,41 @@ def test_message_headers_are_read_only() -> None:
     msg = message(StubSettler())
     with pytest.raises(TypeError):
         msg.headers["x"] = b"y"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"a": b"1", "b": b""},
+        [("a", b"1"), ("b", b"")],
+        (("a", b"0"), ("b", b""), ("a", b"1")),  # a repeated name: the last one wins
+    ],
+    ids=["mapping", "pairs", "repeated"],
+)
+def test_message_headers_from_a_mapping_or_pairs(headers: Any) -> None:
+    msg = kmq.Message(
+        StubSettler(),
+        payload=b"p",
+        message_id="m",
+        queue="q",
+        attempt=2,
+        headers=headers,
+        partition=3,
+        offset=4,
+        timestamp_ms=5,
+        lane=1,
+    )
+    assert dict(msg.headers) == {"a": b"1", "b": b""}
+    assert msg.headers is msg.headers, "built once"
+    with pytest.raises(TypeError):
+        msg.headers["a"] = b"2"  # type: ignore[index]
+    assert (msg.lane, msg.partition, msg.offset, msg.attempt) == (1, 3, 4, 2)
+    assert msg.state is State.BUFFERED
+
+
+def test_message_defaults_to_the_queue_lane() -> None:
+    msg = message(StubSettler())
+    assert (msg.lane, msg.key, dict(msg.headers)) == (0, 0, {})
 
 
 # -- the package -------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from kmq._proto import marker_pb2
-from kmq.markers import Marker, MarkerType, encode, encode_batch
+from kmq.markers import RETRY_LANE, Marker, MarkerType, encode, encode_batch, encode_entries
+from kmq.markers_v1 import encode_batch_v1, encode_v1
 from kmq.records import dead_letter_headers, parse_queue_headers, queue_headers
 from kmq.spark.columns import MarkerColumns, QueueColumns, _kmq_headers, marker_type_name
 from kmq.spark.schemas import MARKERS_SCHEMA, QUEUE_SCHEMA
@@ -88,15 +89,17 @@ def _marker_record(offset: int, value: bytes | None) -> Record:
 
 
 def test_marker_columns_keep_every_field_and_name_unknown_types() -> None:
-    start = Marker(
-        MarkerType.START, "orders", 1, 42, "m1", 2, redeliver_after_ms=30_000, key=b"orders",
-        value=b"body", headers=(("h", b"v"),), max_attempts=5, dead_letter_queue="orders.dlq",
+    # A version 1 marker (kmq 0.1) carries every field, payload included.
+    start = encode_v1(
+        type=MarkerType.START, queue="orders", partition=1, offset=42, message_id="m1",
+        attempt=2, redeliver_after_ms=30_000, key=b"orders", value=b"body",
+        headers=[("h", b"v")], max_attempts=5, dead_letter_queue="orders.dlq",
     )  # fmt: skip
     future = marker_pb2.Marker(version=1, type=42, queue="q", message_id="m2")  # type: ignore[arg-type]
     cols = MarkerColumns(to_arrow_schema(MARKERS_SCHEMA))
     cols.extend(
         [
-            _marker_record(0, encode(start)),
+            _marker_record(0, start),
             _marker_record(1, future.SerializeToString()),
             _marker_record(2, b"\xff\xff"),
             _marker_record(3, None),
@@ -113,6 +116,7 @@ def test_marker_columns_keep_every_field_and_name_unknown_types() -> None:
         "type": "START",
         "type_id": 1,
         "version": 1,
+        "lane": 0,
         "queue": "orders",
         "partition": 1,
         "offset": 42,
@@ -140,31 +144,89 @@ def test_marker_columns_of_one_queue_and_other_versions() -> None:
     cols = MarkerColumns(to_arrow_schema(schema), queue="a")
     cols.extend(
         [
-            _marker_record(0, encode(Marker(MarkerType.END, "a", 0, 0, "m", 1))),
-            _marker_record(1, encode(Marker(MarkerType.END, "b", 0, 0, "m", 1))),
+            _marker_record(0, encode_v1(type=MarkerType.END, queue="a", message_id="m")),
+            _marker_record(1, encode_v1(type=MarkerType.END, queue="b", message_id="m")),
             _marker_record(2, v2.SerializeToString()),
             _marker_record(3, b"junk"),
+            _marker_record(4, encode(Marker(MarkerType.END, 0, 0))),  # names no queue: kept
         ]
     )
     assert _rows(cols) == [
         {"type": "END", "queue": "a", "error": None},
         {"type": "START", "queue": "a", "error": "unsupported marker version 2"},
+        {"type": "END", "queue": None, "error": None},
     ]
     assert marker_type_name(int(MarkerType.DEAD_LETTERED)) == "DEAD_LETTERED"
 
 
 def test_marker_columns_expand_batch_records_in_order() -> None:
-    batch = [
-        Marker(MarkerType.START, "a", 0, 5, "m1", 1, 1000, value=b"x"),
-        Marker(MarkerType.END, "b", 0, 6, "m2", 1),
-        Marker(MarkerType.END, "a", 0, 5, "m1", 1),
-    ]
+    batch: list[dict[str, Any]] = [
+        {"type": MarkerType.START, "queue": "a", "offset": 5, "message_id": "m1",
+         "redeliver_after_ms": 1000, "value": b"x"},
+        {"type": MarkerType.END, "queue": "b", "offset": 6, "message_id": "m2"},
+        {"type": MarkerType.END, "queue": "a", "offset": 5, "message_id": "m1"},
+    ]  # fmt: skip
     schema = StructType(
         [f for f in MARKERS_SCHEMA.fields if f.name in ("marker_offset", "type", "message_id")]
     )
     cols = MarkerColumns(to_arrow_schema(schema), queue="a")
-    cols.extend([_marker_record(7, encode_batch(batch)), _marker_record(8, encode(batch[1]))])
+    cols.extend(
+        [_marker_record(7, encode_batch_v1(batch)), _marker_record(8, encode_v1(**batch[1]))]
+    )
     assert _rows(cols) == [
         {"marker_offset": 7, "type": "START", "message_id": "m1"},
         {"marker_offset": 7, "type": "END", "message_id": "m1"},
     ]
+
+
+def test_marker_columns_of_version_2_markers() -> None:
+    """A version 2 marker names its record by lane, partition and offset; it carries no
+    queue, message id, key, value or headers (null), and no queue filter leaves it out."""
+    batch = [
+        Marker(MarkerType.START, 1, 42, attempt=2, redeliver_after_ms=30_000, max_attempts=5,
+               dead_letter_queue="orders.dlq"),
+        Marker(MarkerType.NACK, 3, 4, reason="boom", lane=RETRY_LANE),
+    ]  # fmt: skip
+    cols = MarkerColumns(to_arrow_schema(MARKERS_SCHEMA))
+    cols.extend(
+        [
+            _marker_record(0, encode_batch(batch)),
+            _marker_record(1, encode_entries([(9, 0, 1, 2, 1, 0, 0, 0)], [])),
+            _marker_record(2, b"\x02\x00"),
+        ]
+    )
+    start, nack, unknown, short = _rows(cols)
+    assert start == {
+        "marker_partition": 2,
+        "marker_offset": 0,
+        "timestamp": dt.datetime.fromtimestamp(TS / 1000, dt.UTC),
+        "type": "START",
+        "type_id": 1,
+        "version": 2,
+        "lane": 0,
+        "queue": None,
+        "partition": 1,
+        "offset": 42,
+        "message_id": None,
+        "attempt": 2,
+        "redeliver_after_ms": 30_000,
+        "key": None,
+        "value": None,
+        "headers": None,
+        "reason": "",
+        "max_attempts": 5,
+        "dead_letter_queue": "orders.dlq",
+        "error": None,
+    }
+    assert (nack["marker_offset"], nack["type"], nack["lane"], nack["reason"]) == (
+        0,
+        "NACK",
+        RETRY_LANE,
+        "boom",
+    )
+    assert (nack["dead_letter_queue"], nack["error"]) == ("", None)
+    assert unknown["error"] == "unknown marker type 9" and unknown["type"] is None
+    assert "too short" in short["error"]
+    filtered = MarkerColumns(to_arrow_schema(MARKERS_SCHEMA), queue="orders")
+    filtered.extend([_marker_record(0, encode_batch(batch))])
+    assert [r["type"] for r in _rows(filtered)] == ["START", "NACK"]

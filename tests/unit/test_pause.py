@@ -1,4 +1,5 @@
-"""The pause table and its wire format, and the CLI's --until parsing."""
+"""The pause table and its wire format, the control table that routes control-topic records
+to pauses and layouts, and the CLI's --until parsing."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import click
 import pytest
 
 from kmq.cli.pause import parse_until
+from kmq.control import LAYOUT_PREFIX, ControlTable, layout_key
+from kmq.layout import TopicLayout, encode_layout
 from kmq.pause import PauseTable, decode_pause, encode_pause
 
 NOW = datetime.datetime(2026, 11, 22, 12, 0, tzinfo=datetime.UTC)
@@ -36,10 +39,65 @@ def test_pause_round_trip_and_garbage_never_pauses() -> None:
 def test_pause_table(
     events: list[tuple[bytes | None, bytes | None]], now_ms: int, expected: int
 ) -> None:
-    table = PauseTable()
+    """The same events through the control table (keys as on the topic) and, for those
+    with a key, straight into the pause table."""
+    control = ControlTable()
+    pauses = PauseTable()
+    for key, value in events:
+        control.apply(key, value)
+        if key is not None:
+            pauses.apply(key.decode(), value)
+    assert control.pauses.paused_until_ms("q", now_ms) == expected
+    assert pauses.paused_until_ms("q", now_ms) == expected
+
+
+LAYOUT = TopicLayout(8, 2, {"hot": 4}, legacy_end={0: 10})
+OTHER = TopicLayout(16)
+
+
+@pytest.mark.parametrize(
+    ("events", "layouts"),
+    [
+        ([], {}),
+        ([(layout_key("t"), encode_layout(LAYOUT))], {"t": LAYOUT}),
+        ([(b"layout t", encode_layout(LAYOUT))], {"t": LAYOUT}),
+        ([(layout_key("t"), encode_layout(LAYOUT)), (layout_key("t"), encode_layout(OTHER))],
+         {"t": OTHER}),  # latest wins
+        ([(layout_key("t"), encode_layout(LAYOUT)), (layout_key("t"), None)], {}),  # tombstone
+        ([(layout_key("t"), encode_layout(LAYOUT)), (layout_key("t"), b"garbage")], {}),
+        ([(layout_key("t"), encode_layout(LAYOUT)), (layout_key("u"), encode_layout(OTHER))],
+         {"t": LAYOUT, "u": OTHER}),
+        ([(layout_key("a b"), encode_layout(LAYOUT))], {"a b": LAYOUT}),  # spaces in a topic
+        ([(b"t", encode_layout(LAYOUT))], {}),  # a queue id, not a layout key
+        ([(b"layoutt", encode_layout(LAYOUT))], {}),
+        ([(b"", encode_layout(LAYOUT)), (None, encode_layout(LAYOUT))], {}),
+    ],
+)  # fmt: skip
+def test_control_table_layouts(
+    events: list[tuple[bytes | None, bytes | None]], layouts: dict[str, TopicLayout]
+) -> None:
+    table = ControlTable()
     for key, value in events:
         table.apply(key, value)
-    assert table.paused_until_ms("q", now_ms) == expected
+    for topic in ("t", "u", "a b", "", "layout t"):
+        assert table.layout(topic) == layouts.get(topic)
+
+
+def test_layout_records_never_pause_and_pauses_never_lay_out() -> None:
+    table = ControlTable()
+    table.apply(layout_key("q"), encode_pause(5000))
+    table.apply(b"q", encode_layout(LAYOUT))
+    assert table.pauses.paused_until_ms("q", 0) == 0
+    assert table.pauses.paused_until_ms("layout q", 0) == 0
+    assert table.layout("q") is None
+    table.apply(b"q", encode_pause(5000))
+    table.apply(layout_key("q"), encode_layout(LAYOUT))
+    assert (table.pauses.paused_until_ms("q", 0), table.layout("q")) == (5000, LAYOUT)
+
+
+def test_layout_key() -> None:
+    assert layout_key("kmq.queue") == b"layout kmq.queue"
+    assert layout_key("t").decode().startswith(LAYOUT_PREFIX)
 
 
 @pytest.mark.parametrize(

@@ -1,20 +1,30 @@
-"""Queue-record layout (kmq headers) and the START marker size bound."""
+"""Queue-record layout: kmq headers, delivery keys and the record size bound."""
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from kmq.markers import MAX_ATTEMPT, Marker, MarkerType, encode
+from kmq.markers import LANES, MAX_ATTEMPT
 from kmq.records import (
     ATTEMPT_HEADER,
+    DLQ_ATTEMPTS_HEADER,
+    DLQ_HEADERS,
+    DLQ_ORIGIN_HEADER,
+    DLQ_REASON_HEADER,
     ID_HEADER,
-    RECORD_OVERHEAD_BYTES,
+    MAX_OFFSET,
+    MAX_PARTITION,
+    dead_letter_headers,
+    delivery_key,
+    fits_key,
     new_message_id,
     parse_queue_headers,
     queue_headers,
-    start_marker_record_size,
+    record_size,
+    split_key,
 )
 from kmq.validation import RESERVED_HEADER_PREFIX
 
@@ -30,14 +40,29 @@ user_headers = st.lists(
 
 
 def test_kmq_headers_are_reserved_names() -> None:
-    assert ID_HEADER.startswith(RESERVED_HEADER_PREFIX)
-    assert ATTEMPT_HEADER.startswith(RESERVED_HEADER_PREFIX)
+    for name in (ID_HEADER, ATTEMPT_HEADER, *DLQ_HEADERS):
+        assert name.startswith(RESERVED_HEADER_PREFIX)
 
 
 def test_new_message_ids_are_distinct_hex() -> None:
     ids = {new_message_id() for _ in range(100)}
     assert len(ids) == 100
     assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+
+
+# -- headers ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("attempt", "expected"),
+    [
+        (1, [(ID_HEADER, b"m"), ("u", b"v")]),  # attempt 1 is the default: no header
+        (2, [(ID_HEADER, b"m"), (ATTEMPT_HEADER, b"2"), ("u", b"v")]),
+        (MAX_ATTEMPT, [(ID_HEADER, b"m"), (ATTEMPT_HEADER, b"4294967295"), ("u", b"v")]),
+    ],
+)
+def test_queue_headers_layout(attempt: int, expected: list[tuple[str, bytes]]) -> None:
+    assert queue_headers("m", attempt, [("u", b"v")]) == expected
 
 
 @SETTINGS
@@ -50,6 +75,22 @@ def test_queue_headers_round_trip(
         attempt,
         headers,
     )
+
+
+def test_dead_letter_headers() -> None:
+    user = [("u", b"v"), (DLQ_REASON_HEADER, b"older"), ("w", b"")]
+    headers = dead_letter_headers("m", "orders", 5, "boom", user)
+    assert headers == [
+        (ID_HEADER, b"m"),
+        ("u", b"v"),
+        ("w", b""),
+        (DLQ_ORIGIN_HEADER, b"orders"),
+        (DLQ_ATTEMPTS_HEADER, b"5"),
+        (DLQ_REASON_HEADER, b"boom"),
+    ]
+    message_id, attempt, kept = parse_queue_headers(headers)
+    assert (message_id, attempt) == ("m", 1), "a dead letter starts again at attempt 1"
+    assert [name for name, _ in kept].count(DLQ_REASON_HEADER) == 1
 
 
 @pytest.mark.parametrize("headers", [None, []])
@@ -67,6 +108,7 @@ def test_foreign_record_keeps_its_headers() -> None:
     [
         (b"abc", 1),
         (b"", 1),
+        (None, 1),
         (b"0", 1),
         (b"-4", 1),
         (b"\xff", 1),
@@ -77,7 +119,7 @@ def test_foreign_record_keeps_its_headers() -> None:
         (b"99999999999999", MAX_ATTEMPT),
     ],
 )
-def test_attempt_header_is_sanitised(raw: bytes, expected: int) -> None:
+def test_attempt_header_is_sanitised(raw: bytes | None, expected: int) -> None:
     _, attempt, _ = parse_queue_headers([(ATTEMPT_HEADER, raw)])
     assert attempt == expected
 
@@ -87,59 +129,96 @@ def test_invalid_utf8_message_id_is_replaced_not_raised() -> None:
     assert message_id == b"ab\xffcd".decode("utf-8", "replace")
 
 
-def test_empty_id_header_means_foreign() -> None:
-    assert parse_queue_headers([(ID_HEADER, b"")])[0] is None
+@pytest.mark.parametrize("value", [b"", None])
+def test_empty_id_header_means_foreign(value: bytes | None) -> None:
+    assert parse_queue_headers([(ID_HEADER, value)])[0] is None
+
+
+# -- delivery keys ------------------------------------------------------------------------------
+
+deliveries = st.tuples(
+    st.sampled_from(LANES), st.integers(0, MAX_PARTITION), st.integers(0, MAX_OFFSET)
+)
+
+
+@SETTINGS
+@given(deliveries)
+@example((1, MAX_PARTITION, MAX_OFFSET))
+@example((0, 0, 0))
+def test_delivery_key_round_trip(delivery: tuple[int, int, int]) -> None:
+    assert fits_key(delivery[1], delivery[2])
+    assert split_key(delivery_key(*delivery)) == delivery
+
+
+@SETTINGS
+@given(deliveries, deliveries)
+def test_delivery_keys_are_distinct(a: tuple[int, int, int], b: tuple[int, int, int]) -> None:
+    assert (delivery_key(*a) == delivery_key(*b)) == (a == b)
+
+
+def test_lanes_do_not_collide() -> None:
+    assert delivery_key(0, 3, 40) != delivery_key(1, 3, 40)
+    assert split_key(delivery_key(1, 3, 40)) == (1, 3, 40)
+
+
+@pytest.mark.parametrize(
+    ("partition", "offset", "fits"),
+    [
+        (0, 0, True),
+        (MAX_PARTITION, MAX_OFFSET, True),
+        (MAX_PARTITION + 1, 0, False),
+        (0, MAX_OFFSET + 1, False),
+        (-1, 0, False),
+        (0, -1, False),
+        (2**31 - 1, 2**63 - 1, False),
+    ],
+)
+def test_fits_key(partition: int, offset: int, fits: bool) -> None:
+    assert (MAX_PARTITION, MAX_OFFSET) == (2**15 - 1, 2**44 - 1)
+    assert fits_key(partition, offset) is fits
+
+
+# -- record size --------------------------------------------------------------------------------
+
+
+def real_batch_size(key: bytes, payload: bytes, headers: list[tuple[str, bytes]]) -> int:
+    """The bytes of a one-record batch as the producer builds it (no compression)."""
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=0,
+        producer_id=2**62,
+        producer_epoch=2**14,
+        base_sequence=2**30,
+        batch_size=2**30,
+    )
+    builder.append(0, timestamp=2**62, key=key, value=payload, headers=headers)
+    return len(builder.build())
 
 
 @SETTINGS
 @given(
-    queue=st.text(min_size=1, max_size=50),
+    queue=st.text(min_size=1, max_size=249),
     payload=st.binary(max_size=2000),
     headers=user_headers,
-    partition=st.integers(0, 2**31 - 1),
-    offset=st.integers(0, 2**63 - 1),
     attempt=st.integers(1, MAX_ATTEMPT),
-    lease_ms=st.integers(1, 12 * 3600 * 1000),
 )
-@example(  # every numeric field at its widest
-    queue="q" * 50,
-    payload=b"p",
-    headers=(("h", b"v"),),
-    partition=2**31 - 1,
-    offset=2**63 - 1,
-    attempt=MAX_ATTEMPT,
-    lease_ms=12 * 3600 * 1000,
-)
-def test_start_marker_record_size_is_an_upper_bound(
-    queue: str,
-    payload: bytes,
-    headers: tuple[tuple[str, bytes], ...],
-    partition: int,
-    offset: int,
-    attempt: int,
-    lease_ms: int,
+@example(queue="q" * 249, payload=b"p", headers=(("h", b"v"),), attempt=MAX_ATTEMPT)
+def test_record_size_is_an_upper_bound(
+    queue: str, payload: bytes, headers: tuple[tuple[str, bytes], ...], attempt: int
 ) -> None:
-    message_id = new_message_id()
-    real = Marker(
-        type=MarkerType.START,
-        queue=queue,
-        partition=partition,
-        offset=offset,
-        message_id=message_id,
-        attempt=attempt,
-        redeliver_after_ms=lease_ms,
-        key=queue.encode(),
-        value=payload,
-        headers=headers,
-    )
-    # The marker record is keyed by the message id. The bound must hold even without the
-    # allowance for Kafka's record framing, which the marker itself must not eat into.
-    real_size = len(encode(real)) + len(message_id.encode())
-    bound = start_marker_record_size(queue, message_id, payload, headers)
-    assert bound - RECORD_OVERHEAD_BYTES >= real_size
+    """Whatever attempt a copy carries, its record is no larger than ``record_size``, in
+    kafka-python's own estimate (what ``max_request_size`` is checked against) and built."""
+    key = queue.encode()
+    bound = record_size(key, payload, headers)
+    for message_id in (new_message_id(), f"ext-{2**31 - 1}-{2**63 - 1}"):
+        full = queue_headers(message_id, attempt, headers)
+        assert bound >= DefaultRecordBatchBuilder.estimate_size_in_bytes(key, payload, full)
+        assert bound >= real_batch_size(key, payload, full)
 
 
-def test_start_marker_record_size_grows_with_payload() -> None:
-    small = start_marker_record_size("q", "m" * 32, b"", ())
-    big = start_marker_record_size("q", "m" * 32, b"x" * 1000, ())
-    assert big - small >= 1000
+def test_record_size_counts_every_byte_of_input() -> None:
+    base = record_size(b"q", b"", ())
+    assert record_size(b"q", b"x" * 1000, ()) - base == 1000
+    assert record_size(b"q" * 11, b"", ()) - base == 10
+    assert record_size(b"q", b"", (("é" * 10, b"v" * 5),)) - base >= 25

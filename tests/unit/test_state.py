@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -9,52 +11,117 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+import kmq
 from kmq.config import MAX_REDELIVERY_TIMEOUT_S
-from kmq.markers import MAX_ATTEMPT, Marker, MarkerType, decode, encode
-from tracker.state import PartitionState, Redeliver, complete
+from kmq.markers import (
+    ENTRY,
+    LANES,
+    MAX_AFTER_MS,
+    MAX_ATTEMPT,
+    RETRY_LANE,
+    Marker,
+    MarkerType,
+    check_entry,
+    encode,
+    encode_batch,
+    encode_entries,
+    parse,
+)
+from kmq.markers_v1 import encode_batch_v1, encode_v1
+from kmq.records import delivery_key, fits_key
+from tracker.state import Delivery, Due, PartitionState
 
 PARTITION = 2
 DEFAULT_LEASE_S = 30.0
 LEASE_MS = 10_000
 LEASE_S = LEASE_MS / 1000
 ATTEMPT = 3
-DELIVERY = (1, 40)
-KEY, VALUE, HEADERS = b"key", b"payload", (("h", b"1"), ("i", b""))
+DELIVERY: Delivery = (0, 1, 40)
+KEY = delivery_key(*DELIVERY)
 MAX_LEASE_MS = int(MAX_REDELIVERY_TIMEOUT_S * 1000)
 
-S, K, E, N, RD, RL = (
+S, K, E, N, RD, RL, DL = (
     MarkerType.START,
     MarkerType.KEEPALIVE,
     MarkerType.END,
     MarkerType.NACK,
     MarkerType.REDELIVERED,
     MarkerType.RELEASE,
+    MarkerType.DEAD_LETTERED,
 )
+
+
+def make(
+    kind: MarkerType,
+    delivery: Delivery = DELIVERY,
+    *,
+    after_ms: int = LEASE_MS,
+    attempt: int = ATTEMPT,
+    reason: str = "",
+    max_attempts: int = 0,
+    dlq: str = "",
+) -> Marker:
+    lane, partition, offset = delivery
+    start = kind is MarkerType.START
+    return Marker(
+        type=kind,
+        lane=lane,
+        partition=partition,
+        offset=offset,
+        attempt=attempt,
+        redeliver_after_ms=after_ms,
+        max_attempts=max_attempts,
+        reason="" if start else reason,
+        dead_letter_queue=dlq if start else "",
+    )
 
 
 def marker(
     kind: MarkerType,
-    delivery: tuple[int, int] = DELIVERY,
+    delivery: Delivery = DELIVERY,
+    *,
+    after_ms: int = LEASE_MS,
+    attempt: int = ATTEMPT,
+    reason: str = "",
+    max_attempts: int = 0,
+    dlq: str = "",
+) -> bytes:
+    """A version 2 marker record."""
+    return encode(
+        make(
+            kind,
+            delivery,
+            after_ms=after_ms,
+            attempt=attempt,
+            reason=reason,
+            max_attempts=max_attempts,
+            dlq=dlq,
+        )
+    )
+
+
+def marker_v1(
+    kind: MarkerType,
+    delivery: Delivery = DELIVERY,
     *,
     after_ms: int = LEASE_MS,
     attempt: int = ATTEMPT,
     reason: str = "",
 ) -> bytes:
+    """A version 1 (protobuf) marker record, as kmq 0.1 wrote it; lane 0 only."""
+    assert delivery[0] == 0
     start = kind is MarkerType.START
-    return encode(
-        Marker(
-            type=kind,
-            queue="q",
-            partition=delivery[0],
-            offset=delivery[1],
-            message_id=f"id-{delivery[0]}-{delivery[1]}",
-            attempt=attempt,
-            redeliver_after_ms=after_ms,
-            key=KEY if start else b"",
-            value=VALUE if start else b"",
-            headers=HEADERS if start else (),
-            reason=reason,
-        )
+    return encode_v1(
+        type=kind,
+        queue="q",
+        partition=delivery[1],
+        offset=delivery[2],
+        message_id=f"id-{delivery[1]}-{delivery[2]}",
+        attempt=attempt,
+        redeliver_after_ms=after_ms,
+        key=b"q" if start else b"",
+        value=b"payload" if start else b"",
+        reason=reason,
     )
 
 
@@ -73,17 +140,29 @@ def feed(state: PartitionState, value: bytes | None, now: float) -> int:
     return offset
 
 
-def attempts(actions: list[Redeliver]) -> list[tuple[int, str]]:
-    return [(a.attempt, a.reason) for a in actions]
+def steps(dues: list[Due]) -> list[tuple[int, str]]:
+    return [(d.attempt_step, d.reason) for d in dues]
 
 
 # -- scenario table ---------------------------------------------------------------------------
 # Each row: markers as (read time, bytes), the time due() is asked, and the expected
-# (attempt, reason) of every redelivery.
+# (attempt_step, reason) of every due delivery. Which attempt the copy carries is decided
+# later, from the re-read record (tracker.redeliver.copy_of).
 
-EXPIRED = (ATTEMPT + 1, "lease expired")
+EXPIRED = (1, "lease expired")
+OTHER_OFFSET: Delivery = (0, 1, 41)
+OTHER_LANE: Delivery = (RETRY_LANE, 1, 40)
+OTHER_PARTITION: Delivery = (0, 2, 40)
 
-SCENARIOS = {
+V1_START = {
+    "type": S,
+    "partition": 1,
+    "offset": 40,
+    "message_id": "m",
+    "redeliver_after_ms": LEASE_MS,
+}
+
+SCENARIOS: dict[str, tuple[list[tuple[float, bytes | None]], float, list[tuple[int, str]]]] = {
     "start-end": ([(0, marker(S)), (1, marker(E))], 10 * LEASE_S, []),
     "lease-not-yet-expired": ([(0, marker(S))], LEASE_S - 0.001, []),
     "lease-expired": ([(0, marker(S))], LEASE_S, [EXPIRED]),
@@ -102,118 +181,165 @@ SCENARIOS = {
     "nack-after-delay": (
         [(0, marker(S)), (1, marker(N, after_ms=500, reason="boom"))],
         1.5,
-        [(ATTEMPT + 1, "boom")],
+        [(1, "boom")],
     ),
-    "nack-default-reason": (
-        [(0, marker(S)), (1, marker(N, after_ms=0))],
+    "nack-default-reason": ([(0, marker(S)), (1, marker(N, after_ms=0))], 1, [(1, "nacked")]),
+    "nack-negative-delay-is-now-v1": (
+        [(0, marker_v1(S)), (1, marker_v1(N, after_ms=-5))],
         1,
-        [(ATTEMPT + 1, "nacked")],
-    ),
-    "nack-negative-delay-is-now": (
-        [(0, marker(S)), (1, marker(N, after_ms=-5))],
-        1,
-        [(ATTEMPT + 1, "nacked")],
+        [(1, "nacked")],
     ),
     "nack-huge-delay-capped": (
         [(0, marker(S)), (1, marker(N, after_ms=MAX_LEASE_MS + 1))],
         1 + MAX_REDELIVERY_TIMEOUT_S,
-        [(ATTEMPT + 1, "nacked")],
+        [(1, "nacked")],
     ),
-    "release-same-attempt": ([(0, marker(S)), (1, marker(RL))], 1, [(ATTEMPT, "released")]),
+    "nack-huge-delay-not-before-the-cap": (
+        [(0, marker(S)), (1, marker(N, after_ms=MAX_AFTER_MS))],
+        1 + MAX_REDELIVERY_TIMEOUT_S - 0.001,
+        [],
+    ),
+    "release-same-attempt": ([(0, marker(S)), (1, marker(RL))], 1, [(0, "released")]),
     "release-own-reason": (
         [(0, marker(S)), (1, marker(RL, reason="closing"))],
         1,
-        [(ATTEMPT, "closing")],
+        [(0, "closing")],
+    ),
+    "nack-then-release": (
+        [(0, marker(S)), (1, marker(N, after_ms=500)), (1.2, marker(RL))],
+        1.2,
+        [(0, "released")],
+    ),
+    "release-then-nack": (
+        [(0, marker(S)), (1, marker(RL)), (1, marker(N, after_ms=500, reason="again"))],
+        1.5,
+        [(1, "again")],
     ),
     "redelivered-marker-drops": ([(0, marker(S)), (1, marker(RD))], 10 * LEASE_S, []),
-    "end-of-other-delivery": (
-        [(0, marker(S)), (1, marker(E, (DELIVERY[0], DELIVERY[1] + 1)))],
+    "dead-lettered-marker-drops": ([(0, marker(S)), (1, marker(DL))], 10 * LEASE_S, []),
+    "end-of-other-offset": ([(0, marker(S)), (1, marker(E, OTHER_OFFSET))], LEASE_S, [EXPIRED]),
+    "end-of-other-lane": ([(0, marker(S)), (1, marker(E, OTHER_LANE))], LEASE_S, [EXPIRED]),
+    "end-of-other-partition": (
+        [(0, marker(S)), (1, marker(E, OTHER_PARTITION))],
         LEASE_S,
         [EXPIRED],
     ),
+    "retry-lane-delivery": ([(0, marker(S, OTHER_LANE))], LEASE_S, [EXPIRED]),
     "duplicate-start-later-lease": ([(0, marker(S)), (4, marker(S))], LEASE_S, []),
     "duplicate-start-one-redelivery": (
         [(0, marker(S)), (4, marker(S))],
         4 + LEASE_S,
         [EXPIRED],
     ),
-    "attempt-zero-treated-as-one": ([(0, marker(S, attempt=0))], LEASE_S, [(2, "lease expired")]),
-    "attempt-capped-at-uint32": (
-        [(0, marker(S, attempt=MAX_ATTEMPT))],
-        LEASE_S,
-        [(MAX_ATTEMPT, "lease expired")],
+    "duplicate-start-shorter-lease-keeps-the-longer": (
+        [(0, marker(S)), (1, marker(S, after_ms=1000))],
+        LEASE_S - 0.001,
+        [],
     ),
+    "attempt-zero-still-tracked": ([(0, marker(S, attempt=0))], LEASE_S, [EXPIRED]),
     "zero-lease-uses-default": ([(0, marker(S, after_ms=0))], LEASE_S, []),
     "zero-lease-default-expires": ([(0, marker(S, after_ms=0))], DEFAULT_LEASE_S, [EXPIRED]),
     "garbage-ignored": ([(0, marker(S)), (1, b"\xff\x00"), (2, None)], LEASE_S, [EXPIRED]),
+    "v1-start-expires": ([(0, marker_v1(S))], LEASE_S, [EXPIRED]),
+    "v1-start-v2-end": ([(0, marker_v1(S)), (1, marker(E))], 10 * LEASE_S, []),
+    "v1-start-v2-nack": (
+        [(0, marker_v1(S)), (1, marker(N, after_ms=0, reason="up"))],
+        1,
+        [(1, "up")],
+    ),
+    "v1-batch": (
+        [(0, encode_batch_v1([V1_START, {**V1_START, "type": RL, "redeliver_after_ms": 0}]))],
+        0,
+        [(0, "released")],
+    ),
+    "batch-start-and-end": ([(0, encode_batch([make(S), make(E)]))], 10 * LEASE_S, []),
+    "batch-two-starts": (
+        [(0, encode_batch([make(S), make(S, OTHER_OFFSET)]))],
+        LEASE_S,
+        [EXPIRED, EXPIRED],
+    ),
 }
 
 
 @pytest.mark.parametrize(("records", "at", "expected"), SCENARIOS.values(), ids=SCENARIOS.keys())
 def test_scenarios(
-    records: list[tuple[float, bytes]], at: float, expected: list[tuple[int, str]]
+    records: list[tuple[float, bytes | None]], at: float, expected: list[tuple[int, str]]
 ) -> None:
     state = caught_up()
     for now, value in records:
         feed(state, value, now)
-    assert attempts(state.due(at)) == expected
+    assert steps(state.due(at)) == expected
 
 
-def test_redeliver_carries_the_start_payload() -> None:
-    state = caught_up()
-    start = feed(state, marker(S), 0)
-    [action] = state.due(LEASE_S)
-    assert action == Redeliver(
+def test_due_names_the_record_and_carries_the_start_settings() -> None:
+    state = caught_up(position=5)
+    start = feed(state, marker(S, max_attempts=4, dlq="custom.dlq"), 0)
+    [due] = state.due(LEASE_S)
+    assert due == Due(
         marker_partition=PARTITION,
-        delivery=DELIVERY,
-        queue="q",
-        message_id=f"id-{DELIVERY[0]}-{DELIVERY[1]}",
-        attempt=ATTEMPT + 1,
         key=KEY,
-        value=VALUE,
-        headers=HEADERS,
-        reason="lease expired",
         start_offset=start,
+        attempt_step=1,
+        reason="lease expired",
+        max_attempts=4,
+        dead_letter_queue="custom.dlq",
     )
-    assert state.due(100 * LEASE_S) == [], "an action is handed out once"
+    assert due.delivery == DELIVERY
+    assert state.due(100 * LEASE_S) == [], "a due delivery is handed out once"
 
 
-def test_without_payloads_the_action_points_at_the_start_marker() -> None:
-    state = PartitionState(PARTITION, default_lease_s=DEFAULT_LEASE_S, keep_payloads=False)
-    state.set_position(0)
-    state.set_end_offset(0)
-    start = feed(state, marker(S), 0)
-    [action] = state.due(LEASE_S)
-    assert not action.complete
-    assert (action.key, action.value, action.headers) == (b"", b"", ())
-    assert (action.start_offset, action.delivery, action.attempt_step) == (start, DELIVERY, 1)
-    full = caught_up()
-    feed(full, marker(S), 0)
-    [expected] = full.due(LEASE_S)
-    assert expected.complete
-    assert complete(action, decode(marker(S))) == expected
+def test_retry_lane_due_names_the_retry_record() -> None:
+    state = caught_up()
+    feed(state, marker(S, OTHER_LANE), 0)
+    [due] = state.due(LEASE_S)
+    assert due.delivery == OTHER_LANE and due.key == delivery_key(*OTHER_LANE) != KEY
+    assert state.deliveries() == [OTHER_LANE]
+
+
+def test_dead_letter_queue_is_the_first_starts_and_forgotten_with_the_delivery() -> None:
+    state = caught_up()
+    feed(state, marker(S, dlq="first"), 0)
+    feed(state, marker(S, dlq="second"), 0)
+    [due] = state.due(LEASE_S)
+    assert due.dead_letter_queue == "first"
+    state.redelivered(due.key)
+    feed(state, marker(S), LEASE_S)
+    [again] = state.due(2 * LEASE_S)
+    assert again.dead_letter_queue == "", "the default <queue>.dlq"
 
 
 def test_discard_forgets_a_delivery_and_counts_why() -> None:
     state = caught_up()
     feed(state, marker(S), 0)
-    [action] = state.due(LEASE_S)
-    state.discard(action.delivery, "start_missing")
-    assert state.in_flight == 0 and state.stats["start_missing"] == 1
+    [due] = state.due(LEASE_S)
+    state.discard(due.key, "record_gone")
+    assert state.in_flight == 0 and state.stats["record_gone"] == 1
     assert state.stats["redeliveries"] == 0
+    state.discard(due.key, "record_gone")
+    assert state.stats["record_gone"] == 1, "counted once"
 
 
 def test_redelivered_drops_the_entry_and_advances_commit() -> None:
     state = caught_up(position=7)
     start = feed(state, marker(S), 0)
     assert state.commit_offset() == start
-    [action] = state.due(LEASE_S)
+    [due] = state.due(LEASE_S)
     assert state.commit_offset() == start, "still in flight while being redelivered"
-    state.redelivered(action.delivery)
+    state.redelivered(due.key)
     assert state.in_flight == 0
     assert state.next_deadline() is None
     assert state.commit_offset() == state.position == start + 1
-    state.redelivered(action.delivery)  # a second report is harmless
+    state.redelivered(due.key)  # a second report is harmless
+    assert state.in_flight == 0
+    assert (state.stats["redeliveries"], state.stats["dead_letters"]) == (1, 0)
+
+
+def test_dead_lettered_is_counted_apart() -> None:
+    state = caught_up()
+    feed(state, marker(S), 0)
+    [due] = state.due(LEASE_S)
+    state.redelivered(due.key, dead_lettered=True)
+    assert (state.stats["redeliveries"], state.stats["dead_letters"]) == (0, 1)
     assert state.in_flight == 0
 
 
@@ -221,7 +347,7 @@ def test_redelivery_failed_reschedules() -> None:
     state = caught_up()
     feed(state, marker(S), 0)
     [first] = state.due(LEASE_S)
-    state.redelivery_failed(first.delivery, now=LEASE_S, retry_after_s=2)
+    state.redelivery_failed(first.key, now=LEASE_S, retry_after_s=2)
     assert state.next_deadline() == LEASE_S + 2
     assert state.due(LEASE_S + 1.999) == []
     assert state.due(LEASE_S + 2) == [first]
@@ -231,21 +357,46 @@ def test_redelivery_failed_reschedules() -> None:
 def test_redelivery_failed_is_ignored_unless_redelivering() -> None:
     state = caught_up()
     feed(state, marker(S), 0)
-    state.redelivery_failed(DELIVERY, now=0, retry_after_s=1)
+    state.redelivery_failed(KEY, now=0, retry_after_s=1)
+    state.postpone(KEY, until=1)
     assert state.next_deadline() == LEASE_S
-    assert state.stats["redelivery_failed"] == 0
+    assert state.stats["redelivery_failed"] == state.stats["postponed"] == 0
+
+
+def test_postpone_holds_a_due_delivery() -> None:
+    state = caught_up()
+    feed(state, marker(S), 0)
+    [due] = state.due(LEASE_S)
+    state.postpone(due.key, until=LEASE_S + 60, why="paused")
+    assert state.stats["paused"] == 1
+    assert state.next_deadline() == LEASE_S + 60
+    assert state.due(LEASE_S + 59.999) == []
+    assert state.due(LEASE_S + 60) == [due]
 
 
 def test_markers_while_redelivering_are_late() -> None:
     state = caught_up()
     feed(state, marker(S), 0)
-    [action] = state.due(LEASE_S)
+    [due] = state.due(LEASE_S)
     for kind in (K, N, RL):
         feed(state, marker(kind), LEASE_S)
     assert state.stats["late_marker"] == 3
     assert state.next_deadline() is None, "nothing rescheduled behind the redelivery's back"
-    state.redelivered(action.delivery)
+    state.redelivery_failed(due.key, LEASE_S, 1)
+    [again] = state.due(LEASE_S + 1)
+    assert (again.attempt_step, again.reason) == EXPIRED, "late markers changed nothing"
+    state.redelivered(again.key)
     assert state.in_flight == 0
+
+
+def test_end_while_redelivering_drops_it() -> None:
+    state = caught_up()
+    feed(state, marker(S), 0)
+    [due] = state.due(LEASE_S)
+    feed(state, marker(E), LEASE_S)
+    assert state.in_flight == 0
+    state.redelivery_failed(due.key, LEASE_S, 1)
+    assert state.next_deadline() is None and state.due(1e9) == []
 
 
 def test_keepalive_moves_next_deadline() -> None:
@@ -263,11 +414,19 @@ def test_replay_gate() -> None:
     state.set_end_offset(3)
     state.set_end_offset(1)  # later calls are ignored
     assert state.end_offset == 3
-    feed(state, marker(K, (0, 1)), 1)
+    feed(state, marker(K, OTHER_OFFSET), 1)
     assert state.replaying and state.due(100 * LEASE_S) == [], "position < end offset"
-    feed(state, marker(E, (0, 1)), 2)
+    feed(state, marker(E, OTHER_OFFSET), 2)
     assert not state.replaying
-    assert [a.delivery for a in state.due(100 * LEASE_S)] == [DELIVERY]
+    assert [d.delivery for d in state.due(100 * LEASE_S)] == [DELIVERY]
+
+
+def test_replaying_until_a_position_is_known() -> None:
+    state = PartitionState(PARTITION)
+    state.set_end_offset(0)
+    assert state.replaying
+    state.set_position(0)
+    assert not state.replaying
 
 
 def test_set_position_only_once() -> None:
@@ -279,17 +438,33 @@ def test_set_position_only_once() -> None:
 
 def test_commit_offset_is_oldest_in_flight_start() -> None:
     state = caught_up(position=100)
-    a = feed(state, marker(S, (0, 1)), 0)
-    b = feed(state, marker(S, (0, 2)), 0)
-    feed(state, marker(S, (0, 3)), 0)
+    a = feed(state, marker(S, (0, 0, 1)), 0)
+    b = feed(state, marker(S, (0, 0, 2)), 0)
+    feed(state, marker(S, (0, 0, 3)), 0)
     assert state.commit_offset() == a
-    feed(state, marker(E, (0, 2)), 1)
+    feed(state, marker(E, (0, 0, 2)), 1)
     assert state.commit_offset() == a
-    feed(state, marker(E, (0, 1)), 1)
+    feed(state, marker(E, (0, 0, 1)), 1)
     assert state.commit_offset() == b + 1
-    feed(state, marker(E, (0, 3)), 1)
+    feed(state, marker(E, (0, 0, 3)), 1)
     assert state.commit_offset() == state.position
     assert state.in_flight == 0
+
+
+def test_commit_offset_counts_settled_starts_sharing_a_record() -> None:
+    state = caught_up(position=10)
+    shared = feed(state, encode_batch([make(S, (0, 0, 1)), make(S, (0, 0, 2))]), 0)
+    alone = feed(state, marker(S, (0, 0, 3)), 0)
+    assert state.stats["batch"] == 1
+    assert state.commit_offset() == shared
+    assert state.commit_offset([shared]) == shared, "the other START there is in flight"
+    assert state.commit_offset([shared, shared]) == alone
+    assert state.commit_offset([shared, shared, alone]) == state.position
+    assert state.commit_offset([alone]) == shared
+    feed(state, marker(E, (0, 0, 1)), 1)
+    assert state.commit_offset() == shared
+    feed(state, marker(E, (0, 0, 2)), 1)
+    assert state.commit_offset() == alone
 
 
 def test_commit_offset_unknown_before_any_position() -> None:
@@ -299,11 +474,13 @@ def test_commit_offset_unknown_before_any_position() -> None:
 def test_duplicate_start_keeps_one_entry_and_earliest_offset() -> None:
     state = caught_up()
     first = feed(state, marker(S), 0)
-    feed(state, marker(S, attempt=ATTEMPT + 5), 1)
+    feed(state, marker(S, attempt=ATTEMPT + 5, max_attempts=9), 1)
     assert state.in_flight == 1
     assert state.deliveries() == [DELIVERY]
     assert state.commit_offset() == first
     assert state.stats["duplicate_start"] == 1
+    [due] = state.due(1 + LEASE_S)
+    assert (due.start_offset, due.max_attempts) == (first, 0)
     feed(state, marker(E), 2)
     assert state.in_flight == 0
 
@@ -311,34 +488,107 @@ def test_duplicate_start_keeps_one_entry_and_earliest_offset() -> None:
 def test_duplicate_start_after_redelivery_creates_fresh_entry() -> None:
     state = caught_up()
     feed(state, marker(S), 0)
-    [action] = state.due(LEASE_S)
-    state.redelivered(action.delivery)
+    [due] = state.due(LEASE_S)
+    state.redelivered(due.key)
     again = feed(state, marker(S), LEASE_S + 1)
     assert state.in_flight == 1
     assert state.commit_offset() == again
-    assert attempts(state.due(2 * LEASE_S + 1)) == [EXPIRED]
+    assert steps(state.due(2 * LEASE_S + 1)) == [EXPIRED]
 
 
-@pytest.mark.parametrize("kind", [K, E, N, RL, RD])
+def test_duplicate_start_while_redelivering_changes_nothing() -> None:
+    state = caught_up()
+    feed(state, marker(S), 0)
+    [due] = state.due(LEASE_S)
+    feed(state, marker(S), LEASE_S)
+    assert state.stats["duplicate_start"] == 1
+    assert state.next_deadline() is None
+    state.redelivered(due.key)
+    assert state.in_flight == 0
+
+
+def test_attempt_zero_is_counted() -> None:
+    state = caught_up()
+    feed(state, marker(S, attempt=0), 0)
+    assert state.stats["bad_attempt"] == 1 and state.in_flight == 1
+
+
+@pytest.mark.parametrize("kind", [K, E, N, RL, RD, DL])
 def test_marker_for_unknown_delivery_is_counted_and_ignored(kind: MarkerType) -> None:
     state = caught_up()
     feed(state, marker(kind), 0)
     assert state.stats["unknown_delivery"] == 1
+    assert state.stats[kind.name.lower()] == 1
     assert state.in_flight == 0
     assert state.commit_offset() == state.position == 1
 
 
-@pytest.mark.parametrize(
-    "value",
-    [
-        None,
-        b"",
-        b"\xff\xfe\xfd",
-        b"not a marker at all",
-        bytes.fromhex("0802") + marker(S)[2:],  # version 2
-        bytes.fromhex("0801") + bytes.fromhex("1063") + marker(S)[4:],  # type 99
-    ],
-)
+# -- bad markers --------------------------------------------------------------------------------
+
+
+def record(*entries: tuple[int, ...], texts: bytes = b"", count: int | None = None) -> bytes:
+    """A version 2 record from raw entry fields, bypassing the codec's checks."""
+    n = len(entries) if count is None else count
+    return b"\x02" + struct.pack(">I", n) + b"".join(ENTRY.pack(*e) for e in entries) + texts
+
+
+GOOD = (int(S), 0, 1, 40, 1, LEASE_MS, 0, 0)
+
+
+def with_(index: int, value: int) -> tuple[int, ...]:
+    fields = list(GOOD)
+    fields[index] = value
+    return tuple(fields)
+
+
+BAD_MARKERS: dict[str, tuple[bytes | None, str]] = {
+    "none": (None, "no value"),
+    "empty": (b"", "version 0"),
+    "junk": (b"\xff\xfe\xfd", "protobuf"),
+    "text": (b"not a marker at all", "protobuf"),
+    "v2-wrong-version-byte": (b"\x03" + record(GOOD)[1:], "protobuf"),
+    "v2-truncated": (record(GOOD)[:-1], "cannot hold 1"),
+    "v2-header-only": (b"\x02\x00\x00", "too short"),
+    "v2-count-zero": (record(count=0), "cannot hold 0"),
+    "v2-count-too-big": (record(GOOD, count=2), "cannot hold 2"),
+    "v2-unknown-type-0": (record(with_(0, 0)), "unknown marker type 0"),
+    "v2-unknown-type-9": (record(with_(0, 9)), "unknown marker type 9"),
+    "v2-unknown-lane": (record(with_(1, 2)), "unknown lane 2"),
+    "v2-negative-partition": (record(with_(2, -1)), "-1:40"),
+    "v2-negative-offset": (record(with_(3, -1)), "1:-1"),
+    "v2-partition-beyond-keys": (record(with_(2, 2**15)), "impossible record"),
+    "v2-offset-beyond-keys": (record(with_(3, 2**44)), "impossible record"),
+    "v2-text-missing": (record(with_(7, 3)), "texts"),
+    "v2-text-too-short": (record(with_(7, 3), texts=b"ab"), "texts"),
+    "v2-text-too-long": (record(with_(7, 3), texts=b"abcd"), "texts"),
+    "v2-trailing-bytes": (record(GOOD, texts=b"x"), "texts"),
+    "v1-version-2": (encode_v1(version=2, type=S, message_id="m"), "version 2"),
+    "v1-type-99": (encode_v1(type=99, message_id="m"), "type 99"),
+    "v1-no-message-id": (encode_v1(type=S, partition=1, offset=40), "message id"),
+    "v1-negative-partition": (encode_v1(type=S, partition=-1, message_id="m"), "-1:0"),
+}
+
+
+def problem(value: bytes | None) -> str:
+    """Why the tracker must skip this record: the codec's complaint."""
+    try:
+        entries, _ = parse(value)
+    except kmq.MarkerDecodeError as exc:
+        return str(exc)
+    [entry] = entries
+    found = check_entry(entry)
+    if found is None and not fits_key(entry[2], entry[3]):
+        return "impossible record"
+    assert found is not None
+    return found
+
+
+@pytest.mark.parametrize(("value", "complaint"), BAD_MARKERS.values(), ids=BAD_MARKERS.keys())
+def test_bad_marker_samples_really_are_bad(value: bytes | None, complaint: str) -> None:
+    assert complaint in problem(value)
+
+
+@pytest.mark.parametrize("value", [v for v, _ in BAD_MARKERS.values()], ids=BAD_MARKERS.keys())
 def test_bad_marker_is_counted_and_skipped(value: bytes | None) -> None:
     state = caught_up()
     feed(state, value, 0)
@@ -348,22 +598,34 @@ def test_bad_marker_is_counted_and_skipped(value: bytes | None) -> None:
     assert state.due(100 * LEASE_S) == []
 
 
-def test_bad_marker_samples_really_are_version_2_and_type_99() -> None:
-    import kmq
-
-    with pytest.raises(kmq.MarkerDecodeError, match="version 2"):
-        decode(bytes.fromhex("0802") + marker(S)[2:])
-    with pytest.raises(kmq.MarkerDecodeError, match="type 99"):
-        decode(bytes.fromhex("0801") + bytes.fromhex("1063") + marker(S)[4:])
-
-
-@pytest.mark.parametrize("after_ms", [0, -1, -(2**63), MAX_LEASE_MS + 1, 2**63 - 1])
-@pytest.mark.parametrize("kind", [S, K])
-def test_absurd_lease_falls_back_to_default(after_ms: int, kind: MarkerType) -> None:
+def test_bad_entries_of_a_batch_are_skipped_one_by_one() -> None:
     state = caught_up()
-    feed(state, marker(S, after_ms=after_ms if kind is S else LEASE_MS), 0)
+    feed(state, record(with_(0, 9), GOOD, with_(1, 7), with_(2, 2**15)), 0)
+    assert state.stats["bad_marker"] == 3
+    assert state.deliveries() == [DELIVERY]
+
+
+ABSURD_LEASES = [
+    (marker, 0),
+    (marker, MAX_LEASE_MS + 1),
+    (marker, MAX_AFTER_MS),
+    (marker_v1, 0),
+    (marker_v1, -1),
+    (marker_v1, -(2**63)),
+    (marker_v1, MAX_LEASE_MS + 1),
+    (marker_v1, 2**63 - 1),
+]
+
+
+@pytest.mark.parametrize(("encoder", "after_ms"), ABSURD_LEASES)
+@pytest.mark.parametrize("kind", [S, K])
+def test_absurd_lease_falls_back_to_default(
+    encoder: Callable[..., bytes], after_ms: int, kind: MarkerType
+) -> None:
+    state = caught_up()
+    feed(state, encoder(S, after_ms=after_ms if kind is S else LEASE_MS), 0)
     if kind is K:
-        feed(state, marker(K, after_ms=after_ms), 0)
+        feed(state, encoder(K, after_ms=after_ms), 0)
     assert state.next_deadline() == DEFAULT_LEASE_S
     assert state.stats["bad_lease"] == 1
 
@@ -389,16 +651,19 @@ def test_records_below_position_are_ignored() -> None:
 def test_due_respects_limit_and_deadline_order() -> None:
     state = caught_up()
     for i, lease_ms in enumerate([3000, 1000, 2000]):
-        feed(state, marker(S, (0, i), after_ms=lease_ms), 0)
+        feed(state, marker(S, (0, 0, i), after_ms=lease_ms), 0)
     first = state.due(10, limit=2)
-    assert [a.delivery for a in first] == [(0, 1), (0, 2)]
-    assert [a.delivery for a in state.due(10)] == [(0, 0)]
+    assert [d.delivery for d in first] == [(0, 0, 1), (0, 0, 2)]
+    assert [d.delivery for d in state.due(10)] == [(0, 0, 0)]
 
 
 # -- hypothesis ------------------------------------------------------------------------------
 
-DELIVERIES = [(0, 100), (0, 101), (1, 100)]
-LEASES_MS = st.sampled_from([1, 500, LEASE_MS, 60_000, MAX_LEASE_MS, 0, -7, MAX_LEASE_MS + 1])
+DELIVERIES: list[Delivery] = [(0, 0, 100), (0, 0, 101), (RETRY_LANE, 0, 100), (0, 1, 100)]
+LEASES_MS = st.sampled_from(
+    [1, 500, LEASE_MS, 60_000, MAX_LEASE_MS, 0, MAX_LEASE_MS + 1, MAX_AFTER_MS]
+)
+REASONS = st.sampled_from(["", "boom", "é"])
 RETRY_S = 1.5
 
 
@@ -407,19 +672,40 @@ def effective_lease_s(after_ms: int) -> float:
     return after_ms / 1000 if 0 < after_ms <= MAX_LEASE_MS else DEFAULT_LEASE_S
 
 
+def effective_delay_s(after_ms: int) -> float:
+    """A NACK's delay: within [0, 12 h], capped at 12 h."""
+    return min(max(after_ms, 0), MAX_LEASE_MS) / 1000
+
+
 @dataclass
 class Tracked:
     """What the spec says about one in-flight delivery."""
 
     start_offset: int
     not_before: float
+    max_attempts: int
+    dead_letter_queue: str
+    attempt_step: int = 1
+    reason: str = "lease expired"
     redelivering: bool = False
 
 
 @dataclass
 class Model:
-    tracked: dict[tuple[int, int], Tracked] = field(default_factory=dict)
-    ended: set[tuple[int, int]] = field(default_factory=set)
+    tracked: dict[Delivery, Tracked] = field(default_factory=dict)
+    ended: set[Delivery] = field(default_factory=set)
+
+
+markers_st = st.builds(
+    make,
+    st.sampled_from(list(MarkerType)),
+    st.sampled_from(DELIVERIES),
+    after_ms=LEASES_MS,
+    attempt=st.integers(0, 5),
+    reason=REASONS,
+    max_attempts=st.integers(0, 4),
+    dlq=st.sampled_from(["", "elsewhere"]),
+)
 
 
 class PartitionStateMachine(RuleBasedStateMachine):
@@ -428,7 +714,7 @@ class PartitionStateMachine(RuleBasedStateMachine):
         self.state = PartitionState(PARTITION, default_lease_s=DEFAULT_LEASE_S)
         self.model = Model()
         self.now = 0.0
-        self.pending: list[tuple[int, int]] = []
+        self.pending: list[Delivery] = []
 
     @initialize(start=st.integers(0, 3), backlog=st.integers(0, 6))
     def assign(self, start: int, backlog: int) -> None:
@@ -438,50 +724,63 @@ class PartitionStateMachine(RuleBasedStateMachine):
     def _feed(self, value: bytes | None) -> int:
         return feed(self.state, value, self.now)
 
-    @rule(d=st.sampled_from(DELIVERIES), after_ms=LEASES_MS, attempt=st.integers(0, 5))
-    def start(self, d: tuple[int, int], after_ms: int, attempt: int) -> None:
-        offset = self._feed(marker(S, d, after_ms=after_ms, attempt=attempt))
-        deadline = self.now + effective_lease_s(after_ms)
+    def _expect(self, m: Marker, offset: int) -> None:
+        """What the spec says one marker read at ``offset`` does."""
+        d = (m.lane, m.partition, m.offset)
         t = self.model.tracked.get(d)
+        if m.type is S:
+            deadline = self.now + effective_lease_s(m.redeliver_after_ms)
+            if t is None:
+                self.model.tracked[d] = Tracked(
+                    offset, deadline, m.max_attempts, m.dead_letter_queue
+                )
+                self.model.ended.discard(d)
+            elif not t.redelivering:
+                t.not_before = max(t.not_before, deadline)
+            return
         if t is None:
-            self.model.tracked[d] = Tracked(offset, deadline)
-            self.model.ended.discard(d)
-        elif not t.redelivering:
-            t.not_before = max(t.not_before, deadline)
-
-    @rule(d=st.sampled_from(DELIVERIES), after_ms=LEASES_MS)
-    def keepalive(self, d: tuple[int, int], after_ms: int) -> None:
-        self._feed(marker(K, d, after_ms=after_ms))
-        t = self.model.tracked.get(d)
-        if t is not None and not t.redelivering:
-            t.not_before = self.now + effective_lease_s(after_ms)
-
-    @rule(d=st.sampled_from(DELIVERIES), delay_ms=st.integers(0, MAX_LEASE_MS))
-    def nack(self, d: tuple[int, int], delay_ms: int) -> None:
-        self._feed(marker(N, d, after_ms=delay_ms))
-        t = self.model.tracked.get(d)
-        if t is not None and not t.redelivering:
-            t.not_before = self.now + delay_ms / 1000
-
-    @rule(d=st.sampled_from(DELIVERIES))
-    def release(self, d: tuple[int, int]) -> None:
-        self._feed(marker(RL, d))
-        t = self.model.tracked.get(d)
-        if t is not None and not t.redelivering:
+            return
+        if m.type in (E, RD, DL):
+            del self.model.tracked[d]
+            self.model.ended.add(d)
+        elif t.redelivering:
+            pass  # late: changes nothing
+        elif m.type is K:
+            t.not_before = self.now + effective_lease_s(m.redeliver_after_ms)
+        elif m.type is N:
+            t.attempt_step, t.reason = 1, m.reason or "nacked"
+            t.not_before = self.now + effective_delay_s(m.redeliver_after_ms)
+        elif m.type is RL:
+            t.attempt_step, t.reason = 0, m.reason or "released"
             t.not_before = self.now
 
-    @rule(d=st.sampled_from(DELIVERIES), kind=st.sampled_from([E, RD]))
-    def end(self, d: tuple[int, int], kind: MarkerType) -> None:
-        self._feed(marker(kind, d))
-        t = self.model.tracked.pop(d, None)
-        if t is not None and kind is E and not t.redelivering:
-            self.model.ended.add(d)
+    @rule(m=markers_st)
+    def one_marker(self, m: Marker) -> None:
+        self._expect(m, self._feed(encode(m)))
+
+    @rule(ms=st.lists(markers_st, min_size=2, max_size=5))
+    def batch(self, ms: list[Marker]) -> None:
+        offset = self._feed(encode_batch(ms))
+        for m in ms:
+            self._expect(m, offset)
+
+    @rule(
+        kind=st.sampled_from([S, K, N, RL, E]),
+        d=st.sampled_from([d for d in DELIVERIES if d[0] == 0]),
+        after_ms=st.one_of(LEASES_MS, st.sampled_from([-1, -(2**63), 2**63 - 1])),
+        reason=REASONS,
+    )
+    def old_marker(self, kind: MarkerType, d: Delivery, after_ms: int, reason: str) -> None:
+        """A version 1 marker: read as its version 2 twin (after clamped to a uint32)."""
+        offset = self._feed(marker_v1(kind, d, after_ms=after_ms, reason=reason))
+        twin = make(kind, d, after_ms=min(max(after_ms, 0), MAX_AFTER_MS), reason=reason)
+        self._expect(twin, offset)
 
     @rule(data=st.binary(max_size=40))
     def garbage(self, data: bytes) -> None:
         try:
-            decode(data)
-        except Exception:
+            parse(data)
+        except kmq.MarkerDecodeError:
             before = self.state.in_flight
             self._feed(data)
             assert self.state.in_flight == before
@@ -491,12 +790,12 @@ class PartitionStateMachine(RuleBasedStateMachine):
         self._feed(None)
 
     @precondition(lambda self: (self.state.position or 0) > 0)
-    @rule(back=st.integers(1, 5), kind=st.sampled_from(list(MarkerType)))
-    def reread(self, back: int, kind: MarkerType) -> None:
+    @rule(back=st.integers(1, 5), m=markers_st)
+    def reread(self, back: int, m: Marker) -> None:
         position = self.state.position
         assert position is not None
         before = (self.state.in_flight, self.state.commit_offset(), self.state.next_deadline())
-        self.state.on_record(max(0, position - back), marker(kind, DELIVERIES[0]), self.now)
+        self.state.on_record(max(0, position - back), encode(m), self.now)
         after = (self.state.in_flight, self.state.commit_offset(), self.state.next_deadline())
         assert after == before
         assert self.state.position == position
@@ -507,36 +806,54 @@ class PartitionStateMachine(RuleBasedStateMachine):
 
     @rule(limit=st.integers(1, 4))
     def poll(self, limit: int) -> None:
-        actions = self.state.due(self.now, limit)
-        assert len(actions) <= limit
+        dues = self.state.due(self.now, limit)
+        assert len(dues) <= limit
         if self.state.replaying:
-            assert actions == []
-        for action in actions:
-            d = action.delivery
-            assert d not in self.model.ended, f"{d} was ended, then redelivered"
+            assert dues == []
+        for due in dues:
+            d = due.delivery
+            assert d not in self.model.ended, f"{d} was settled, then redelivered"
             t = self.model.tracked[d]
             assert not t.redelivering
             assert self.now >= t.not_before, f"{d} due at {self.now} before {t.not_before}"
-            assert action.marker_partition == PARTITION
-            assert (action.key, action.value, action.headers) == (KEY, VALUE, HEADERS)
+            assert due.marker_partition == PARTITION
+            assert due.key == delivery_key(*d)
+            assert due.start_offset == t.start_offset
+            assert (due.attempt_step, due.reason) == (t.attempt_step, t.reason)
+            assert (due.max_attempts, due.dead_letter_queue) == (
+                t.max_attempts,
+                t.dead_letter_queue,
+            )
             t.redelivering = True
             self.pending.append(d)
 
     @precondition(lambda self: self.pending)
-    @rule(i=st.integers(0, 10), ok=st.booleans())
-    def settle(self, i: int, ok: bool) -> None:
+    @rule(
+        i=st.integers(0, 10),
+        outcome=st.sampled_from(["redelivered", "dead_lettered", "failed", "postponed", "gone"]),
+    )
+    def settle(self, i: int, outcome: str) -> None:
         d = self.pending.pop(i % len(self.pending))
+        key = delivery_key(*d)
         t = self.model.tracked.get(d)
-        if ok:
-            self.state.redelivered(d)
-            self.model.tracked.pop(d, None)
+        if outcome in ("redelivered", "dead_lettered", "gone"):
+            if outcome == "gone":
+                self.state.discard(key, "record_gone")
+            else:
+                self.state.redelivered(key, dead_lettered=outcome == "dead_lettered")
+            if self.model.tracked.pop(d, None) is not None:
+                self.model.ended.add(d)
+            return
+        retry_at = self.now + (RETRY_S if outcome == "failed" else 4 * RETRY_S)
+        if outcome == "failed":
+            self.state.redelivery_failed(key, self.now, RETRY_S)
         else:
-            self.state.redelivery_failed(d, self.now, RETRY_S)
-            # Only an entry still being redelivered is rescheduled: after END and a fresh
-            # START, the failure of the stale redelivery does not touch the new entry.
-            if t is not None and t.redelivering:
-                t.redelivering = False
-                t.not_before = self.now + RETRY_S
+            self.state.postpone(key, retry_at)
+        # Only an entry still being redelivered is rescheduled: after END and a fresh
+        # START, the failure of the stale redelivery does not touch the new entry.
+        if t is not None and t.redelivering:
+            t.redelivering = False
+            t.not_before = retry_at
 
     @invariant()
     def in_flight_matches_model(self) -> None:
@@ -551,6 +868,14 @@ class PartitionStateMachine(RuleBasedStateMachine):
         assert commit <= position
         for t in self.model.tracked.values():
             assert commit <= t.start_offset
+        # Counting the deliveries being redelivered as settled skips only their STARTs.
+        redelivering = [t.start_offset for t in self.model.tracked.values() if t.redelivering]
+        waiting = [t.start_offset for t in self.model.tracked.values() if not t.redelivering]
+        past = self.state.commit_offset(redelivering)
+        assert past is not None and commit <= past <= position
+        assert all(past <= s for s in waiting)
+        if not waiting:
+            assert past == position
 
     @invariant()
     def nothing_scheduled_before_its_deadline(self) -> None:
@@ -577,13 +902,29 @@ TestPartitionStateMachine.settings = settings(
 record_values = st.one_of(
     st.none(),
     st.binary(max_size=60),
+    markers_st.map(encode),
+    st.lists(markers_st, min_size=1, max_size=4).map(encode_batch),
     st.builds(
-        marker,
+        marker_v1,
         st.sampled_from(list(MarkerType)),
-        st.sampled_from(DELIVERIES),
+        st.sampled_from([d for d in DELIVERIES if d[0] == 0]),
         after_ms=st.integers(-(2**63), 2**63 - 1),
         attempt=st.integers(0, MAX_ATTEMPT),
     ),
+    st.lists(
+        st.tuples(
+            st.integers(0, 255),
+            st.integers(0, 255),
+            st.integers(-(2**31), 2**31 - 1),
+            st.integers(-(2**63), 2**63 - 1),
+            st.integers(0, 2**32 - 1),
+            st.integers(0, 2**32 - 1),
+            st.integers(0, 2**32 - 1),
+            st.just(0),
+        ),
+        min_size=1,
+        max_size=3,
+    ).map(lambda entries: encode_entries(entries, [])),
 )
 
 
@@ -603,12 +944,15 @@ def test_any_record_sequence_never_raises(
         now += dt
         offset = (state.position or 0) + step  # gaps and re-reads included
         state.on_record(max(0, offset), value, now)
-        for action in state.due(now):
-            assert 1 <= action.attempt <= MAX_ATTEMPT
+        for due in state.due(now):
+            lane, partition, record_offset = due.delivery
+            assert lane in LANES and fits_key(partition, record_offset)
+            assert due.attempt_step in (0, 1) and due.reason
+            assert 0 <= due.max_attempts <= MAX_ATTEMPT
             if step % 2:
-                state.redelivered(action.delivery)
+                state.redelivered(due.key)
             else:
-                state.redelivery_failed(action.delivery, now, RETRY_S)
+                state.redelivery_failed(due.key, now, RETRY_S)
         commit = state.commit_offset()
         assert commit is not None and state.position is not None
         assert commit <= state.position

@@ -1,0 +1,137 @@
+"""Where each logical queue's records live on a shared topic. Pure: no I/O.
+
+A queue's records go to ``spread`` consecutive partitions (modulo the topic's partition
+count) starting at ``crc32(queue id) mod partitions``, and its consumer group reads only
+those, so a consumer no longer fetches and skips every other queue's records. Queues whose
+windows overlap share a partition and still skip each other's records there.
+
+The layout of a topic is a record on the control topic (:class:`TopicLayout`), so every
+producer, consumer and tracker agrees on it. A topic without one (created by kmq 0.1, or by
+hand) keeps the 0.1 layout: every queue on every partition, every group reading all of them.
+``legacy_end`` says how far records of that old layout may reach: ``None`` while they may
+still be written (every group keeps reading every partition), else one end offset per
+partition, read up to by every group and then dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+LAYOUT_VERSION = 2
+MAX_SPREAD = 1024
+
+
+@dataclass(frozen=True)
+class TopicLayout:
+    """The placement rule of one topic, as stored on the control topic."""
+
+    partitions: int
+    """The partition count queues are hashed over, pinned when the layout was written:
+    adding partitions to the topic later does not move any queue."""
+    spread: int = 1
+    """Partitions per queue, unless ``queues`` says otherwise."""
+    queues: Mapping[str, int] = field(default_factory=dict)
+    """Per-queue spreads (hot queues). They may only grow: see :func:`grown`."""
+    legacy_end: Mapping[int, int] | None = None
+    """``None``: records of the old everywhere-layout may still appear on any partition.
+    Else: they end before these offsets (a partition not listed holds none)."""
+
+    def __post_init__(self) -> None:
+        if self.partitions < 1:
+            raise ValueError(f"partitions must be >= 1, got {self.partitions}")
+        for name, spread in (("*", self.spread), *self.queues.items()):
+            if not 1 <= spread <= MAX_SPREAD:
+                raise ValueError(f"spread of {name} must be within [1, {MAX_SPREAD}]")
+
+    def spread_of(self, queue: str) -> int:
+        return min(self.queues.get(queue, self.spread), self.partitions)
+
+
+def base_partition(queue: str, partitions: int) -> int:
+    return zlib.crc32(queue.encode()) % partitions
+
+
+def write_partitions(layout: TopicLayout | None, queue: str, actual: int) -> tuple[int, ...]:
+    """The partitions ``queue``'s records are written to; ``actual`` is the topic's
+    partition count now. Without a layout: every partition (the 0.1 layout)."""
+    if layout is None:
+        return tuple(range(actual))
+    modulus = min(layout.partitions, actual)
+    base = base_partition(queue, modulus)
+    return tuple((base + i) % modulus for i in range(min(layout.spread_of(queue), modulus)))
+
+
+def read_partitions(layout: TopicLayout | None, queue: str, actual: int) -> dict[int, int | None]:
+    """The partitions ``queue``'s group must read, each with the offset it may stop at
+    (``None``: never). Its own partitions, plus every other one that may hold records of
+    the old layout."""
+    own = write_partitions(layout, queue, actual)
+    wanted: dict[int, int | None] = dict.fromkeys(own)
+    legacy = None if layout is None else layout.legacy_end
+    for partition in range(actual):
+        if partition in wanted:
+            continue
+        if legacy is None:
+            wanted[partition] = None
+        elif legacy.get(partition, 0) > 0:
+            wanted[partition] = legacy[partition]
+    return wanted
+
+
+def grown(layout: TopicLayout, queue: str, spread: int) -> TopicLayout:
+    """``layout`` with ``queue`` spread over ``spread`` partitions. A spread never shrinks:
+    the partitions it would give up may still hold the queue's records."""
+    current = layout.spread_of(queue)
+    if spread < current:
+        raise ValueError(
+            f"queue {queue!r} is spread over {current} partitions; a spread can only grow"
+        )
+    return TopicLayout(
+        layout.partitions, layout.spread, {**layout.queues, queue: spread}, layout.legacy_end
+    )
+
+
+def encode_layout(layout: TopicLayout) -> bytes:
+    return json.dumps(
+        {
+            "version": LAYOUT_VERSION,
+            "partitions": layout.partitions,
+            "spread": layout.spread,
+            "queues": dict(layout.queues),
+            "legacy_end": None
+            if layout.legacy_end is None
+            else {str(p): o for p, o in layout.legacy_end.items()},
+        },
+        sort_keys=True,
+    ).encode()
+
+
+def decode_layout(value: bytes | None) -> TopicLayout | None:
+    """The layout in a control record, or ``None`` for a deletion or anything unreadable
+    (then the topic is read as the old layout, which loses nothing)."""
+    if not value:
+        return None
+    try:
+        doc = json.loads(value)
+        if doc.get("version") != LAYOUT_VERSION:
+            return None
+        legacy = doc.get("legacy_end")
+        return TopicLayout(
+            partitions=_int(doc["partitions"]),
+            spread=_int(doc.get("spread", 1)),
+            queues={str(q): _int(s) for q, s in (doc.get("queues") or {}).items()},
+            legacy_end=None
+            if legacy is None
+            else {_int(int(p)): _int(o) for p, o in legacy.items()},
+        )
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return None
+
+
+def _int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"not a non-negative integer: {value!r}")
+    return value

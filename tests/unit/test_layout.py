@@ -1,0 +1,265 @@
+"""Per-queue partition placement on a shared topic, the old everywhere-layout, and the
+layout's wire format on the control topic."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import zlib
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kmq.layout import (
+    LAYOUT_VERSION,
+    MAX_SPREAD,
+    TopicLayout,
+    base_partition,
+    decode_layout,
+    encode_layout,
+    grown,
+    read_partitions,
+    write_partitions,
+)
+
+SETTINGS = settings(max_examples=200, deadline=None)
+
+
+# -- the layout itself --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"partitions": 0},
+        {"partitions": -1},
+        {"partitions": 4, "spread": 0},
+        {"partitions": 4, "spread": MAX_SPREAD + 1},
+        {"partitions": 4, "queues": {"hot": 0}},
+        {"partitions": 4, "queues": {"hot": MAX_SPREAD + 1}},
+    ],
+)
+def test_invalid_layouts_are_refused(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        TopicLayout(**kwargs)
+
+
+def test_spread_of() -> None:
+    layout = TopicLayout(8, 2, {"hot": 5, "huge": MAX_SPREAD})
+    assert layout.spread_of("cold") == 2
+    assert layout.spread_of("hot") == 5
+    assert layout.spread_of("huge") == 8, "never more than the partitions there are"
+    assert TopicLayout(1, 1).spread_of("any") == 1
+
+
+def test_base_partition_is_crc32() -> None:
+    for queue in ("orders", "q", "π"):
+        assert base_partition(queue, 16) == zlib.crc32(queue.encode()) % 16
+    assert base_partition("orders", 16) == 14  # pinned: moving it would strand records
+
+
+# -- where records go ---------------------------------------------------------------------------
+
+BASE = base_partition("orders", 8)  # 6
+OWN4 = base_partition("orders", 4)  # 2
+
+
+@pytest.mark.parametrize(
+    ("layout", "actual", "expected"),
+    [
+        (None, 4, (0, 1, 2, 3)),  # the 0.1 layout: every partition
+        (TopicLayout(8, 1), 8, (BASE,)),
+        (TopicLayout(8, 2), 8, (6, 7)),
+        (TopicLayout(8, 3), 8, (6, 7, 0)),  # the window wraps around
+        (TopicLayout(8, 8), 8, (6, 7, 0, 1, 2, 3, 4, 5)),
+        (TopicLayout(8, 2, {"orders": 4}), 8, (6, 7, 0, 1)),
+        (TopicLayout(8, 2, {"other": 4}), 8, (6, 7)),
+        (TopicLayout(8, 2), 32, (6, 7)),  # partitions added later move nothing
+        (TopicLayout(8, 3), 2, (0, 1)),  # fewer partitions than the layout says
+    ],
+)
+def test_write_partitions(
+    layout: TopicLayout | None, actual: int, expected: tuple[int, ...]
+) -> None:
+    assert (BASE, OWN4) == (6, 2)
+    assert write_partitions(layout, "orders", actual) == expected
+
+
+def test_a_window_wraps_around() -> None:
+    queue = next(q for q in (f"q{i}" for i in range(1000)) if base_partition(q, 8) == 7)
+    assert write_partitions(TopicLayout(8, 3), queue, 8) == (7, 0, 1)
+
+
+layouts = st.builds(
+    TopicLayout,
+    partitions=st.integers(1, 64),
+    spread=st.integers(1, 70),
+    queues=st.dictionaries(st.sampled_from(["a", "b", "hot"]), st.integers(1, 70), max_size=3),
+    legacy_end=st.one_of(
+        st.none(), st.dictionaries(st.integers(0, 80), st.integers(0, 10**12), max_size=5)
+    ),
+)
+queues = st.sampled_from(["a", "b", "hot", "cold", "orders.dlq"])
+
+
+@SETTINGS
+@given(layouts, queues, st.integers(1, 80))
+def test_write_partitions_is_one_window(layout: TopicLayout, queue: str, actual: int) -> None:
+    out = write_partitions(layout, queue, actual)
+    modulus = min(layout.partitions, actual)
+    assert len(out) == len(set(out)) == min(layout.spread_of(queue), modulus)
+    assert out[0] == base_partition(queue, modulus)
+    assert all(b == (a + 1) % modulus for a, b in itertools.pairwise(out))
+    assert all(0 <= p < actual for p in out)
+    if actual >= layout.partitions:
+        assert out == write_partitions(layout, queue, layout.partitions)
+
+
+# -- what a group reads -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("layout", "expected"),
+    [
+        (None, dict.fromkeys(range(4))),
+        (TopicLayout(4, 1, legacy_end=None), dict.fromkeys(range(4))),
+        (TopicLayout(4, 1, legacy_end={}), {OWN4: None}),
+        (TopicLayout(4, 1, legacy_end={0: 0, 1: 0}), {OWN4: None}),  # 0: none there
+        (TopicLayout(4, 1, legacy_end={0: 5, 3: 9}), {OWN4: None, 0: 5, 3: 9}),
+        (TopicLayout(4, 1, legacy_end={OWN4: 5}), {OWN4: None}),  # its own: all
+        (TopicLayout(4, 1, legacy_end={7: 5}), {OWN4: None}),  # no such partition
+    ],
+)
+def test_read_partitions(layout: TopicLayout | None, expected: dict[int, int | None]) -> None:
+    assert read_partitions(layout, "orders", 4) == expected
+
+
+@SETTINGS
+@given(layouts, queues, st.integers(1, 80))
+def test_a_group_reads_its_own_partitions_and_every_old_record(
+    layout: TopicLayout, queue: str, actual: int
+) -> None:
+    wanted = read_partitions(layout, queue, actual)
+    own = write_partitions(layout, queue, actual)
+    assert all(wanted[p] is None for p in own), "its own partitions, to no end"
+    for partition in range(actual):
+        legacy = layout.legacy_end
+        if partition in own:
+            continue
+        if legacy is None:
+            assert wanted[partition] is None
+        elif legacy.get(partition, 0) > 0:
+            assert wanted[partition] == legacy[partition]
+        else:
+            assert partition not in wanted
+    assert set(wanted) <= set(range(actual))
+
+
+# -- growing a queue's spread -------------------------------------------------------------------
+
+
+def test_grown_widens_one_queue_and_keeps_the_rest() -> None:
+    layout = TopicLayout(8, 2, {"a": 3}, legacy_end={1: 4})
+    wider = grown(layout, "hot", 5)
+    assert wider == TopicLayout(8, 2, {"a": 3, "hot": 5}, legacy_end={1: 4})
+    assert layout.queues == {"a": 3}, "the original is left alone"
+    assert write_partitions(wider, "hot", 8)[:2] == write_partitions(layout, "hot", 8)
+    assert grown(wider, "hot", 5) == wider, "the same spread again is fine"
+
+
+@pytest.mark.parametrize(("queue", "spread"), [("a", 2), ("cold", 1)])
+def test_a_spread_never_shrinks(queue: str, spread: int) -> None:
+    layout = TopicLayout(8, 2, {"a": 3})
+    with pytest.raises(ValueError, match="only grow"):
+        grown(layout, queue, spread)
+
+
+@SETTINGS
+@given(layouts, queues, st.integers(1, MAX_SPREAD))
+def test_growing_keeps_every_partition_the_queue_had(
+    layout: TopicLayout, queue: str, spread: int
+) -> None:
+    try:
+        wider = grown(layout, queue, spread)
+    except ValueError:
+        assert spread < layout.spread_of(queue)
+        return
+    before = set(write_partitions(layout, queue, layout.partitions))
+    assert before <= set(write_partitions(wider, queue, layout.partitions))
+    for other in ("a", "b", "hot", "cold"):
+        if other != queue:
+            assert wider.spread_of(other) == layout.spread_of(other)
+
+
+# -- the wire format ----------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(layouts)
+def test_layout_round_trip(layout: TopicLayout) -> None:
+    assert decode_layout(encode_layout(layout)) == layout
+
+
+def test_layout_wire_format_is_pinned() -> None:
+    layout = TopicLayout(16, 2, {"hot": 4}, legacy_end={0: 7})
+    assert json.loads(encode_layout(layout)) == {
+        "version": LAYOUT_VERSION,
+        "partitions": 16,
+        "spread": 2,
+        "queues": {"hot": 4},
+        "legacy_end": {"0": 7},
+    }
+    assert LAYOUT_VERSION == 2
+
+
+def doc(**changes: Any) -> bytes:
+    base: dict[str, Any] = {"version": LAYOUT_VERSION, "partitions": 4, "spread": 1}
+    return json.dumps({**base, **changes}).encode()
+
+
+def test_doc_helper_builds_a_valid_layout() -> None:
+    assert decode_layout(doc()) == TopicLayout(4, 1)
+    assert decode_layout(doc(queues=None, legacy_end={"2": 0})) == TopicLayout(4, legacy_end={2: 0})
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        b"",
+        b"{",
+        b"\xff\xfe",
+        b"[]",
+        b"null",
+        b"3",
+        doc(version=1),
+        doc(version=None),
+        doc(partitions=0),
+        doc(partitions=-4),
+        doc(partitions=True),
+        doc(partitions=4.0),
+        doc(partitions="4"),
+        doc(spread=0),
+        doc(spread=MAX_SPREAD + 1),
+        doc(queues=[1]),
+        doc(queues={"q": -1}),
+        doc(queues={"q": "2"}),
+        doc(legacy_end=[1]),
+        doc(legacy_end={"x": 1}),
+        doc(legacy_end={"-1": 1}),
+        doc(legacy_end={"1": -1}),
+        b'{"version": 2, "spread": 1}',
+        b"[" * 100_000,  # nested past the recursion limit
+    ],
+)
+def test_unreadable_layouts_read_as_none(value: bytes | None) -> None:
+    assert decode_layout(value) is None
+
+
+@SETTINGS
+@given(st.binary(max_size=200))
+def test_decode_layout_never_raises(value: bytes) -> None:
+    layout = decode_layout(value)
+    assert layout is None or layout.partitions >= 1

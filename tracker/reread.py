@@ -1,0 +1,138 @@
+"""Re-reading the records that due deliveries name, so the tracker can copy them.
+
+The tracker keeps no payloads: a START names its record by lane (queue or retry topic),
+partition and offset, and a redelivery reads that record again. Deliveries due in one round
+usually lie close together, so each partition is read forward once per cluster of nearby
+offsets. A scan has a time budget: what it found by then is redelivered, what it did not
+reach waits a round, and only reading *past* an offset (or to the partition's end) proves
+its record gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from kafka import TopicPartition
+
+from kmq.records import split_key
+from tracker.state import Due
+
+log = logging.getLogger("kmq.tracker")
+
+SCAN_TIMEOUT_S = 5.0
+"""How long one re-read scan may take; what it has not reached by then waits a round."""
+SCAN_RECORDS = 500
+"""Records per poll of a re-read scan."""
+SCAN_GAP = 5000
+"""Offsets further apart than this are fetched by separate seeks, not one scan."""
+
+
+class _Reader(Protocol):
+    def assign(self, partitions: list[TopicPartition]) -> None: ...
+    def seek(self, partition: TopicPartition, offset: int) -> None: ...
+    def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> Any: ...
+    def highwater(self, partition: TopicPartition) -> int | None: ...
+    def position(self, partition: TopicPartition) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """What a redelivery needs of a record."""
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+
+
+@dataclass
+class ReadResult:
+    found: dict[int, Record] = field(default_factory=dict)
+    """By delivery key."""
+    gone: list[Due] = field(default_factory=list)
+    """Read past (or to the end) without finding them: deleted by retention, or never
+    there (an aborted transaction's record)."""
+    waiting: list[Due] = field(default_factory=list)
+    """Not reached in time: try again next round."""
+
+
+def clusters(offsets: list[int], gap: int = SCAN_GAP) -> list[list[int]]:
+    """Sorted offsets cut wherever two are more than ``gap`` apart."""
+    ordered = sorted(set(offsets))
+    out: list[list[int]] = [[ordered[0]]] if ordered else []
+    for offset in ordered[1:]:
+        if offset - out[-1][-1] > gap:
+            out.append([])
+        out[-1].append(offset)
+    return out
+
+
+class RecordReader:
+    """Reads records back by (lane, partition, offset) with a consumer of its own."""
+
+    def __init__(
+        self, reader: _Reader, topics: Mapping[int, str], *, scan_timeout_s: float = SCAN_TIMEOUT_S
+    ) -> None:
+        self._reader = reader
+        self._topics = topics
+        self._scan_timeout_s = scan_timeout_s
+
+    def read(self, wanted: list[Due]) -> ReadResult:
+        result = ReadResult()
+        by_partition: dict[tuple[int, int], dict[int, list[Due]]] = {}
+        for due in wanted:
+            lane, partition, offset = split_key(due.key)
+            by_partition.setdefault((lane, partition), {}).setdefault(offset, []).append(due)
+        deadline = time.monotonic() + self._scan_timeout_s
+        for (lane, partition), by_offset in by_partition.items():
+            topic = self._topics.get(lane)
+            if topic is None:
+                result.gone.extend(d for dues in by_offset.values() for d in dues)
+                continue
+            tp = TopicPartition(topic, partition)
+            for cluster in clusters(list(by_offset)):
+                found, reached, ended = self._scan(tp, cluster, deadline)
+                for offset in cluster:
+                    for due in by_offset[offset]:
+                        record = found.get(offset)
+                        if record is not None:
+                            result.found[due.key] = record
+                        elif offset < reached or ended:
+                            result.gone.append(due)
+                        else:
+                            result.waiting.append(due)
+        return result
+
+    def _scan(
+        self, tp: TopicPartition, offsets: list[int], deadline: float
+    ) -> tuple[dict[int, Record], int, bool]:
+        """Records at ``offsets`` (sorted) found by reading forward from the first; the
+        offset the scan reached; whether it reached the partition's end."""
+        wanted = set(offsets)
+        first, last = offsets[0], offsets[-1]
+        reader = self._reader
+        reader.assign([tp])
+        reader.seek(tp, first)
+        found: dict[int, Record] = {}
+        reached = first
+        while True:  # at least one poll, however late: every round makes progress
+            records = reader.poll(timeout_ms=200, max_records=SCAN_RECORDS).get(tp, [])
+            for r in records:
+                if r.offset in wanted:
+                    found[r.offset] = Record(
+                        r.partition, r.offset, r.key, r.value, tuple(r.headers or ())
+                    )
+                reached = r.offset + 1
+                if r.offset >= last:
+                    return found, reached, False
+            if not records:
+                highwater = reader.highwater(tp)
+                if highwater is not None and reader.position(tp) >= highwater:
+                    return found, max(reached, highwater), True
+            if time.monotonic() >= deadline:
+                return found, reached, False
