@@ -16,7 +16,9 @@ def _counts(quick: bool) -> dict[int, int]:
 
 def _summary(runs: list[JSON]) -> JSON:
     rates = [r["acked_per_s"] for r in runs]
+    written = next((r["bytes_written"] for r in runs if "bytes_written" in r), None)
     return {
+        "bytes_written": written,
         "acked_per_s": median(rates),
         "samples": rates,
         "produce_per_s": median([r["produce_per_s"] for r in runs]),
@@ -39,7 +41,12 @@ def run(ctx: Context) -> JSON:
         for rep in range(repeats):
             order = ("raw", "kmq") if rep % 2 == 0 else ("kmq", "raw")
             for side in order:
-                spec = Run(side=side, queues=queues, count=counts[queues])
+                spec = Run(
+                    side=side,
+                    queues=queues,
+                    count=counts[queues],
+                    measure_bytes=queues == 1 and rep == 0,
+                )
                 ctx.say(f"e2e {spec.label} (rep {rep + 1}/{repeats})")
                 result = run_pipeline(ctx, spec)
                 ctx.say(f"  -> {result['acked_per_s']:,.0f} acked msgs/s")
@@ -55,34 +62,55 @@ def run(ctx: Context) -> JSON:
             }
         )
     extra: list[JSON] = []
+    variants = [("receive_many + durable ack_many", Run(side="kmq", queues=1,
+                 count=counts[1], batch_ack=True))]  # fmt: skip
     if not ctx.quick:
-        spec = Run(side="kmq", queues=1, count=2_000, ack_wait=True)
-        ctx.say(f"e2e {spec.label} with ack(wait=True)")
+        variants.append(("ack(wait=True)", Run(side="kmq", queues=1, count=2_000, ack_wait=True)))
+    for name, spec in variants:
+        ctx.say(f"e2e {spec.label}")
         result = run_pipeline(ctx, spec)
         ctx.say(f"  -> {result['acked_per_s']:,.0f} acked msgs/s")
         extra.append(
             {
                 "queues": 1,
                 "messages": spec.count,
-                "ack_wait": True,
+                "variant": name,
+                "ack_wait": spec.ack_wait,
                 "kmq": _summary([result]),
                 "raw_acked_per_s": rows[0]["raw"]["acked_per_s"],
+                "kmq_wait_false_acked_per_s": rows[0]["kmq"]["acked_per_s"],
                 "ratio": ratio(result["acked_per_s"], rows[0]["raw"]["acked_per_s"]),
+                "vs_wait_false": ratio(result["acked_per_s"], rows[0]["kmq"]["acked_per_s"]),
             }
         )
+    sizes: list[JSON] = []
+    for row in rows[:1]:
+        for side in ("raw", "kmq"):
+            written = row[side].get("bytes_written")
+            if written:
+                sizes.append({"payload_bytes": 100, "side": side, **written})
+    big = 1_000 if ctx.quick else 5_000
+    for side in ("raw", "kmq"):
+        spec = Run(side=side, queues=1, count=big, payload_bytes=10_240, measure_bytes=True)
+        ctx.say(f"e2e {spec.label} (bytes written)")
+        result = run_pipeline(ctx, spec)
+        sizes.append({"payload_bytes": 10_240, "side": side, **result["bytes_written"]})
     return {
         "settings": {
             "payload_bytes": 100,
             "ack": "msg.ack(wait=False); ENDs flushed before the clock stops",
             "partitions": 4,
+            "kmq_layout": "queue topic of 4 partitions per queue, each queue spread over 4",
             "max_in_flight": 500,
             "repeats": repeats,
             "raw_topology": "one topic and one consumer group per logical queue",
-            "kmq_topology": "one queue topic; one consumer group per logical queue, each "
-            "reading the whole topic; one tracker process",
+            "kmq_topology": "one queue topic, 4 partitions per logical queue (each queue's "
+            "records on 4 of them, chosen from its id); one consumer group per logical queue "
+            "reading only its queue's partitions; one tracker process",
         },
         "rows": rows,
         "ack_wait": extra,
+        "bytes_written": sizes,
     }
 
 

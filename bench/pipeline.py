@@ -57,12 +57,21 @@ class Run:
     consumer_options: tuple[tuple[str, Any], ...] = ()
     """Extra kmq.ConsumerConfig settings, e.g. (("transactional", True),)."""
     tracker_transactional: bool = False
+    payload_bytes: int = 100
+    batch_ack: bool = False
+    """kmq: one thread per queue calls receive_many(100), then a durable ack_many()."""
+    measure_bytes: bool = False
+    """Read every topic back afterwards and size what was written (bench/bytes.py)."""
 
     @property
     def label(self) -> str:
         extra = "".join(f" {k}={v}" for k, v in self.consumer_options)
         if self.tracker_transactional:
             extra += " tracker=transactional"
+        if self.batch_ack:
+            extra += " receive_many+ack_many"
+        if self.payload_bytes != 100:
+            extra += f" payload={self.payload_bytes}B"
         return (
             f"{self.side} q={self.queues} n={self.count}"
             + (f" rate={self.rate:.0f}/s" if self.rate else "")
@@ -85,6 +94,7 @@ def _start_tracker(children: Children, ctx: Context, run: Run, topics: JSON) -> 
                 "bootstrap_servers": ctx.bootstrap_servers,
                 "queue_topic": topics["queue"],
                 "marker_topic": topics["markers"],
+                "control_topic": topics["control"],
                 "group_id": f"bench-tracker-{topics['markers']}",
                 "session_timeout_ms": ctx.session_timeout_ms,
                 "lease_s": run.lease_s,
@@ -99,6 +109,7 @@ def _start_tracker(children: Children, ctx: Context, run: Run, topics: JSON) -> 
         "--bootstrap-servers", ctx.bootstrap_servers,
         "--queue-topic", topics["queue"],
         "--marker-topic", topics["markers"],
+        "--control-topic", topics["control"],
         "--group-id", f"bench-tracker-{topics['markers']}",
         "--default-redelivery-timeout-s", str(run.lease_s),
         "--session-timeout-ms", str(ctx.session_timeout_ms),
@@ -147,12 +158,17 @@ def run_pipeline(ctx: Context, run: Run) -> JSON:
         topics["tracker_samples"] = ctx.work_dir / f"{tag}-tracker-ends.json"
         topics["consumer_samples"] = ctx.work_dir / f"{tag}-consumer-recv.json"
         names = [topics["queue"], topics["markers"]]
+        topics["control"] = f"bench.{tag}.control"
+        names.append(topics["control"])
         ensure_topics(
             ServiceConfig(
                 bootstrap_servers=ctx.bootstrap_servers,
                 queue_topic=topics["queue"],
                 marker_topic=topics["markers"],
-                queue_partitions=PARTITIONS,
+                control_topic=topics["control"],
+                # As many partitions per queue as raw gives each queue's topic.
+                queue_partitions=PARTITIONS * run.queues,
+                queue_spread=PARTITIONS,
                 marker_partitions=PARTITIONS,
             )
         )
@@ -166,6 +182,7 @@ def run_pipeline(ctx: Context, run: Run) -> JSON:
         "timeout_s": timeout_s,
         "latency": run.latency,
         "warmup": run.warmup,
+        "size": run.payload_bytes,
     }
     if run.side == "raw":
         consumer_args = {**common, "topics": names, "group_prefix": f"bench.{tag}"}
@@ -177,7 +194,11 @@ def run_pipeline(ctx: Context, run: Run) -> JSON:
             "partitions": PARTITIONS,
         }
     else:
-        kmq_topics = {"queue_topic": topics["queue"], "marker_topic": topics["markers"]}
+        kmq_topics = {
+            "queue_topic": topics["queue"],
+            "marker_topic": topics["markers"],
+            "control_topic": topics["control"],
+        }
         consumer_args = {
             **common,
             **kmq_topics,
@@ -185,6 +206,7 @@ def run_pipeline(ctx: Context, run: Run) -> JSON:
             "max_in_flight": MAX_IN_FLIGHT,
             "lease_s": run.lease_s,
             "ack_wait": run.ack_wait,
+            "batch_ack": run.batch_ack,
             "drop_pct": run.drop_pct,
             "record_ids": run.latency,
             "samples_path": str(topics["consumer_samples"]),
@@ -240,6 +262,16 @@ def run_pipeline(ctx: Context, run: Run) -> JSON:
                 _stop_py_spy(spy)
             consumer.terminate()
             producer.terminate()
+        if run.measure_bytes:
+            from bench.bytes import topic_bytes
+
+            written = topic_bytes(ctx.bootstrap_servers, [n for n in names if "control" not in n])
+            total = sum(t["bytes"] for t in written.values())
+            result["bytes_written"] = {
+                "topics": written,
+                "per_message": total / count,
+                "overhead_per_message": total / count - run.payload_bytes,
+            }
     finally:
         delete_topics(ctx.bootstrap_servers, names)
     elapsed = consumed["done"] - produced["first_send"]

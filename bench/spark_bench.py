@@ -135,7 +135,7 @@ def load_markers(bootstrap: str, n: int) -> None:
     kp = _producer(bootstrap)
 
     def send(p: Plan, kind: MarkerType, offset: int, attempt: int, t: int, **kw: Any) -> None:
-        marker = Marker(kind, p.queue, p.partition, offset, p.mid, attempt, **kw)
+        marker = Marker(kind, p.partition, offset, attempt, **kw)
         kp.send(MARKER_TOPIC, key=p.mid.encode(), value=encode(marker), timestamp_ms=t)
 
     for p in plans(n):
@@ -143,8 +143,7 @@ def load_markers(bootstrap: str, n: int) -> None:
             continue
         start = p.sent + p.wait
         lease = {"redeliver_after_ms": 30_000}
-        full = {**lease, "key": p.queue.encode(), "value": PAYLOAD}
-        send(p, MarkerType.START, original[p.i], 1, start, **full)
+        send(p, MarkerType.START, original[p.i], 1, start, **lease)
         if p.outcome == "acked":
             send(p, MarkerType.END, original[p.i], 1, start + p.work)
         elif p.outcome == "dead":
@@ -157,7 +156,7 @@ def load_markers(bootstrap: str, n: int) -> None:
             reason = "bad input" if p.outcome == "nacked" else "lease expired"
             send(p, MarkerType.REDELIVERED, original[p.i], 2, redelivered, reason=reason)
             again = redelivered + p.wait
-            send(p, MarkerType.START, copy[p.i], 2, again, **full)
+            send(p, MarkerType.START, copy[p.i], 2, again, **lease)
             send(p, MarkerType.END, copy[p.i], 2, again + p.work)
     kp.flush()
     kp.close()

@@ -6,10 +6,8 @@ from __future__ import annotations
 import cProfile
 import gc
 import io
-import os
 import pstats
 import time
-import uuid
 from typing import Any
 
 from bench.common import JSON, Children, Context, median, mem_available_bytes
@@ -18,100 +16,54 @@ LEASE_MS = 30_000
 
 
 def new_state() -> Any:
-    """A PartitionState configured as tracker.daemon builds it: without payloads in memory
-    when this version of the state supports that (``keep_payloads=False``)."""
-    import inspect
-
+    """A PartitionState as tracker.daemon builds it (it keeps no payloads)."""
     from tracker.state import PartitionState
 
-    if "keep_payloads" in inspect.signature(PartitionState).parameters:
-        return PartitionState(0, keep_payloads=False)
     return PartitionState(0)
 
 
 def state_settings() -> str:
-    import inspect
-
-    from tracker.state import PartitionState
-
-    if "keep_payloads" in inspect.signature(PartitionState).parameters:
-        return "PartitionState(keep_payloads=False), as tracker.daemon builds it"
-    return "PartitionState() (this version keeps START payloads in memory)"
+    return "PartitionState(), as tracker.daemon builds it (marker protocol v2, no payloads)"
 
 
-def _marker(kind: Any, i: int, payload: bytes) -> bytes:
-    from kmq.markers import Marker, MarkerType, encode
+def _marker(kind: Any, i: int) -> Any:
+    from kmq.markers import Marker, MarkerType
 
-    start = kind is MarkerType.START
-    return encode(
-        Marker(
-            type=kind,
-            queue="bench",
-            partition=i % 4,
-            offset=i // 4,
-            message_id=f"{i:032x}",
-            attempt=1,
-            redeliver_after_ms=LEASE_MS if kind is not MarkerType.END else 0,
-            key=b"bench" if start else b"",
-            value=payload if start else b"",
-        )
-    )
+    lease = LEASE_MS if kind is not MarkerType.END else 0
+    return Marker(kind, partition=i % 4, offset=i // 4, attempt=1, redeliver_after_ms=lease)
 
 
-def marker_stream(messages: int, window: int, payload_bytes: int = 100) -> list[bytes]:
+def _stream(messages: int, window: int) -> list[Any]:
     """START, KEEPALIVE and END in equal shares, about ``window`` messages in flight: message
     i starts, message i - window/2 is kept alive and message i - window ends."""
     from kmq.markers import MarkerType
 
-    payload = b"p" * payload_bytes
     half = window // 2
-    events: list[bytes] = []
+    markers: list[Any] = []
     for i in range(messages + window):
         if i < messages:
-            events.append(_marker(MarkerType.START, i, payload))
+            markers.append(_marker(MarkerType.START, i))
         if half <= i < messages + half:
-            events.append(_marker(MarkerType.KEEPALIVE, i - half, payload))
+            markers.append(_marker(MarkerType.KEEPALIVE, i - half))
         if window <= i:
-            events.append(_marker(MarkerType.END, i - window, payload))
-    return events
+            markers.append(_marker(MarkerType.END, i - window))
+    return markers
+
+
+def marker_stream(messages: int, window: int, payload_bytes: int = 100) -> list[bytes]:
+    """The stream, one marker per record. Markers carry no payload since protocol version 2:
+    ``payload_bytes`` changes nothing (kept for the report's comparison)."""
+    from kmq.markers import encode
+
+    return [encode(m) for m in _stream(messages, window)]
 
 
 def batched(messages: int, window: int, per_record: int) -> list[bytes] | None:
-    """The same marker stream, ``per_record`` markers to a BATCH record, as kmq consumers
-    write them when the codec supports it (None otherwise)."""
-    import kmq.markers as markers_mod
-    from kmq.markers import Marker, MarkerType
+    """The same marker stream, ``per_record`` markers to a record, as kmq consumers write
+    them."""
+    from kmq.markers import encode_batch
 
-    encode_batch = getattr(markers_mod, "encode_batch", None)
-    if encode_batch is None:
-        return None
-    payload = b"p" * 100
-    half = window // 2
-    markers: list[Marker] = []
-
-    def add(kind: MarkerType, i: int) -> None:
-        start = kind is MarkerType.START
-        markers.append(
-            Marker(
-                type=kind,
-                queue="bench",
-                partition=i % 4,
-                offset=i // 4,
-                message_id=f"{i:032x}",
-                attempt=1,
-                redeliver_after_ms=LEASE_MS if kind is not MarkerType.END else 0,
-                key=b"bench" if start else b"",
-                value=payload if start else b"",
-            )
-        )
-
-    for i in range(messages + window):
-        if i < messages:
-            add(MarkerType.START, i)
-        if half <= i < messages + half:
-            add(MarkerType.KEEPALIVE, i - half)
-        if window <= i:
-            add(MarkerType.END, i - window)
+    markers = _stream(messages, window)
     return [encode_batch(markers[i : i + per_record]) for i in range(0, len(markers), per_record)]
 
 
@@ -188,28 +140,18 @@ def run_rss(a: JSON) -> JSON:
     from kmq.markers import Marker, MarkerType, encode
 
     count: int = a["count"]
-    payload = os.urandom(a["size"])
     state = new_state()
     now = 1000.0
-    # Warm up allocator pools and imports with a few markers, then measure from here.
+    # Markers no longer carry payloads: "size" stays in the report to show that the state
+    # does not depend on it. Warm up allocator pools and imports, then measure from here.
     for i in range(1000):
-        state.on_record(i, _marker(MarkerType.START, i, payload), now)
+        state.on_record(i, encode(_marker(MarkerType.START, i)), now)
     gc.collect()
     before = _rss_bytes()
     start = time.perf_counter()
     for i in range(1000, 1000 + count):
         value = encode(
-            Marker(
-                type=MarkerType.START,
-                queue="bench",
-                partition=i % 4,
-                offset=i // 4,
-                message_id=uuid.uuid4().hex,
-                attempt=1,
-                redeliver_after_ms=LEASE_MS,
-                key=b"bench",
-                value=payload,
-            )
+            Marker(MarkerType.START, i % 4, i // 4, attempt=1, redeliver_after_ms=LEASE_MS)
         )
         state.on_record(i, value, now + i * 1e-6)
     elapsed = time.perf_counter() - start

@@ -47,7 +47,7 @@ RAW_PRODUCER_SETTINGS: JSON = {
     # The same settings as kmq's shared producer (kmq/service.py), so only kmq differs.
     "acks": "all",
     "enable_idempotence": True,
-    "linger_ms": 2,
+    "linger_ms": 0,
     "max_request_size": 1_000_000,
     "request_timeout_ms": 30_000,
 }
@@ -81,6 +81,8 @@ def _kmq_service(a: JSON, **overrides: Any) -> Any:
         "redelivery_timeout_s": a.get("lease_s", 30.0),
         "create_topics": False,
     }
+    if a.get("control_topic"):
+        settings["control_topic"] = a["control_topic"]
     settings.update(overrides)
     return Service(**settings)
 
@@ -269,22 +271,23 @@ def _abandon(consumer: Any, message: Any) -> None:
     from kmq.message import State
 
     with consumer._cond:
-        consumer._held.pop((message.partition, message.offset), None)
+        consumer._leases.settle(message.key)
         message._state = State.RELEASED
 
 
-def _unsent_markers(consumer: Any) -> int:
-    """Markers a kmq consumer holds back to batch them (private state; 0 if it does not)."""
-    writer = getattr(consumer, "_writer", None)
-    return int(getattr(writer, "pending", 0))
+def _delivery(message: Any) -> str:
+    """How the consumer and the tracker probe name one delivery (markers carry no ids)."""
+    return f"{message.lane}:{message.partition}:{message.offset}"
 
 
 def role_consume_kmq(a: JSON) -> None:
-    """One kmq consumer (and one application thread) per logical queue: receive, ack."""
+    """One kmq consumer (and one application thread) per logical queue: receive, ack. With
+    ``batch_ack``: receive_many(100), then one durable ack_many() per batch."""
     queues: list[str] = a["queues"]
     quota = a["count"] // len(queues)
     deadline = time.monotonic() + a["timeout_s"]
     ack_wait: bool = a.get("ack_wait", False)
+    batch_ack: bool = a.get("batch_ack", False)
     drop_pct: int = a.get("drop_pct", 0)
     want_ids: bool = a.get("record_ids", False)
     svc = _kmq_service(a)
@@ -297,6 +300,27 @@ def role_consume_kmq(a: JSON) -> None:
         for q in queues
     ]
     tallies = [_Tally(quota) for _ in queues]
+
+    def run_batches(i: int) -> None:
+        consumer, tally = consumers[i], tallies[i]
+        try:
+            while not tally.done and time.monotonic() < deadline:
+                batch = consumer.receive_many(100, timeout_s=0.2)
+                if not batch:
+                    continue
+                now_ns = time.monotonic_ns()
+                if tally.first_recv is None:
+                    tally.first_recv = now_ns / 1e9
+                for message in batch:
+                    seq, sent_ns = read_payload(message.payload)
+                    if seq in tally.acked:
+                        tally.duplicates += 1
+                    tally.acked.add(seq)
+                    tally.latency_ms.append((now_ns - sent_ns) / 1e6)
+                consumer.ack_many(batch)  # durable: every END is on the broker
+                tally.last_ack = tally.first_attempt_last_ack = time.monotonic()
+        except Exception as exc:
+            tally.error = repr(exc)
 
     def run(i: int) -> None:
         consumer, tally = consumers[i], tallies[i]
@@ -326,7 +350,7 @@ def role_consume_kmq(a: JSON) -> None:
                     tally.first_attempt_last_ack = tally.last_ack
                     tally.latency_ms.append((now_ns - sent_ns) / 1e6)
                     if want_ids:
-                        tally.recv_at[message.id] = now
+                        tally.recv_at[_delivery(message)] = now
                 if seq in tally.acked:
                     tally.duplicates += 1
                 tally.acked.add(seq)
@@ -336,15 +360,16 @@ def role_consume_kmq(a: JSON) -> None:
     _wait_for(lambda: all(c.assignment() for c in consumers), 60, "kmq consumers to join")
     emit("ready")
     cpu0 = time.process_time()
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(queues))]
+    target = run_batches if batch_ack else run
+    threads = [
+        threading.Thread(target=target, args=(i,), daemon=True) for i in range(len(queues))
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    # Every END marker on the broker: out of the consumer's own buffer (if this kmq batches
-    # markers, its loop sends them within poll_timeout_ms), then out of the Kafka producer.
-    _wait_for(lambda: not any(_unsent_markers(c) for c in consumers), 30, "buffered markers")
-    svc.kafka_producer().flush(timeout=30)
+    for consumer in consumers:  # every END marker on the broker
+        consumer.flush(timeout_s=30)
     flushed = time.monotonic()
     merged = _merge(tallies, a.get("warmup", 0))
     merged["done"] = flushed
@@ -393,8 +418,7 @@ def _finish_consumer(a: JSON, merged: JSON) -> None:
 def role_tracker_probe(a: JSON) -> None:
     """The real tracker (tracker.daemon.Tracker), plus a note of when each END marker
     reaches its state object: the moment an ack becomes visible to the tracker."""
-    import kmq.markers as markers_mod
-    from kmq.markers import MarkerType
+    from kmq.markers import MarkerType, decode_all
     from tracker.config import TrackerConfig
     from tracker.daemon import Tracker
     from tracker.state import PartitionState
@@ -402,17 +426,15 @@ def role_tracker_probe(a: JSON) -> None:
     seen: dict[str, float] = {}
     original = PartitionState.on_record
 
-    decode_all = getattr(markers_mod, "decode_all", None)  # records may hold BATCHes
-
     def on_record(self: PartitionState, offset: int, value: bytes | None, now: float) -> None:
         original(self, offset, value, now)
         try:
-            found = decode_all(value) if decode_all else [markers_mod.decode(value)]
+            found = decode_all(value)
         except Exception:
             return
         for marker in found:
             if marker.type is MarkerType.END:
-                seen.setdefault(marker.message_id, now)
+                seen.setdefault(f"{marker.lane}:{marker.partition}:{marker.offset}", now)
 
     PartitionState.on_record = on_record  # type: ignore[method-assign]
     tracker = Tracker(
@@ -420,6 +442,7 @@ def role_tracker_probe(a: JSON) -> None:
             bootstrap_servers=a["bootstrap_servers"],
             queue_topic=a["queue_topic"],
             marker_topic=a["marker_topic"],
+            control_topic=a["control_topic"],
             group_id=a["group_id"],
             default_redelivery_timeout_s=a.get("lease_s", 30.0),
             session_timeout_ms=a["session_timeout_ms"],
@@ -472,19 +495,41 @@ def role_producer_bench(a: JSON) -> None:
         side[1]()
     emit("ready")
     cases: list[JSON] = []
+    threads_n = a.get("sync_threads", 8)
     for size in a["sizes"]:
         payload = b"p" * size
-        for mode in ("async", "sync"):
+        for mode in ("async", "sync", "sync_threads"):
             if mode == "async":
                 count = max(1000, min(a["async_count"], a["async_bytes"] // size))
-            else:
+            elif mode == "sync":
                 count = a["sync_count"]
+            else:
+                count = a["sync_count"] * 2 // threads_n * threads_n
             order = ("raw", "kmq") if len(cases) % 4 == 0 else ("kmq", "raw")
             for name in order:
                 send, flush = sides[name]
+
+                def loop(
+                    n: int,
+                    send: Callable[[bytes, bool], None] = send,
+                    payload: bytes = payload,
+                    wait: bool = mode != "async",
+                ) -> None:
+                    for _ in range(n):
+                        send(payload, wait)
+
                 start = time.perf_counter()
-                for _ in range(count):
-                    send(payload, mode == "sync")
+                if mode == "sync_threads":  # each thread waits; the sends share round trips
+                    workers = [
+                        threading.Thread(target=loop, args=(count // threads_n,))
+                        for _ in range(threads_n)
+                    ]
+                    for w in workers:
+                        w.start()
+                    for w in workers:
+                        w.join()
+                else:
+                    loop(count)
                 flush()
                 elapsed = time.perf_counter() - start
                 cases.append(

@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
+from zlib import crc32
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.coordinator.assignors.range import RangePartitionAssignor
@@ -42,10 +43,10 @@ from kmq.errors import (
     MessageStateError,
 )
 from kmq.leases import Actions, Batch, BatchCycle, Leases
-from kmq.marker_writer import Flush, MarkerWriter, marker_partition
+from kmq.marker_writer import Flush, MarkerWriter
 from kmq.markers import QUEUE_LANE, Entry, MarkerType, encode_entries
 from kmq.message import Message, State
-from kmq.records import dead_letter_headers, delivery_key, parse_queue_headers
+from kmq.records import ID_HEADER, dead_letter_headers, delivery_key, parse_queue_headers
 
 if TYPE_CHECKING:
     from kmq.service import Queue
@@ -59,9 +60,6 @@ _NACK = int(MarkerType.NACK)
 _RELEASE = int(MarkerType.RELEASE)
 _DEAD_LETTERED = int(MarkerType.DEAD_LETTERED)
 
-_BUSY_POLL_MS = 2
-"""Poll timeout while batches are between START and hand-out: their progress is checked
-after every poll."""
 _LAYOUT_CHECK_S = 1.0
 
 TP = TopicPartition
@@ -98,7 +96,13 @@ class Consumer:
         self._dead_letter_queue = queue.dead_letter_queue
         self._dlq_text = (queue.policy.dead_letter_queue or "").encode()
         self._at_most_once = config.mode == AT_MOST_ONCE
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        self._room_freed = threading.Condition(lock)
+        self._starved = False
+        # A polled batch is at most half of max_in_flight: the application works on one
+        # while the next goes through START and commit.
+        self._batch_max = max(1, config.max_in_flight // 2)
         self._ready: deque[Message] = deque()
         self._leases: Leases[int, Message] = Leases(self._keepalive_s)
         self._closed = False
@@ -110,6 +114,8 @@ class Consumer:
         self._paused = False
         self._pauses = svc.control_watcher()
         self._marker_partitions = svc.marker_partition_count()
+        self._progress = threading.Event()
+        """Set when a flush or an offset commit is over: the batch cycle can move on."""
         self._writer = MarkerWriter(
             self._producer,
             cfg.marker_topic,
@@ -117,6 +123,7 @@ class Consumer:
             cfg.max_message_bytes,
             linger_s=config.poll_timeout_ms / 1000,
             name=f"kmq-markers-{queue.id}",
+            on_flushed=self._progress.set,
         )
         self._cycle: BatchCycle[TopicPartition, Message] = BatchCycle()
         self._starting: list[tuple[CycleBatch, Flush, frozenset[int]]] = []
@@ -205,6 +212,8 @@ class Consumer:
                         message = ready.popleft()
                         message._state = held
                         out.append(message)
+                    if self._at_most_once:  # its room is the buffer's
+                        self._freed()
                     return out
                 if self._error is not None:
                     raise ConsumerClosedError(
@@ -269,6 +278,7 @@ class Consumer:
                 self._leases.settle(message.key)
                 message._state = State.ACKED
                 items.append((self._entry(_END, message, 0), message.marker_partition))
+            self._freed()
             flush = self._writer.add_many(items) if items else None
         if flush is not None and wait:
             self._writer.flush_soon()
@@ -336,6 +346,7 @@ class Consumer:
                 message._state = state
                 return
             self._leases.settle(message.key)
+            self._freed()
             message._state = state
             if state is State.ACKED:
                 flush = self._writer.add(self._entry(_END, message, 0), message.marker_partition)
@@ -378,13 +389,26 @@ class Consumer:
                     room = 0 if self._paused else self._room()
                     self._apply_backpressure(room)
                     busy = bool(self._starting or self._committing)
+                    if room <= 0 and not busy:
+                        # Nothing to fetch until the application settles something: wait
+                        # for that, not in poll(). A poll that cannot block keeps the
+                        # group membership alive meanwhile.
+                        self._kc.poll(timeout_ms=0, max_records=1)
+                        self._wait_for_room(self.config.poll_timeout_ms / 1000)
+                        continue
+                    self._progress.clear()
                     records = self._kc.poll(
-                        timeout_ms=_BUSY_POLL_MS if busy else self.config.poll_timeout_ms,
-                        max_records=max(room, 1),
+                        timeout_ms=0 if busy else self.config.poll_timeout_ms,
+                        max_records=max(1, min(room, self._batch_max)),
                     )
                     if records:
                         self._begin(records)
                     self._advance()
+                    if busy and not records:
+                        # Batches are between START and hand-out and nothing new has come:
+                        # sleep until one moves on (a flush or commit is over), not in
+                        # poll() loops, each of which costs Kafka client work.
+                        self._progress.wait(self.config.poll_timeout_ms / 1000)
                     backoff_s = 0.1
                 except (KafkaError, _StartFailed) as exc:
                     log.warning("queue %r: %r; retrying in %.1f s", self.queue, exc, backoff_s)
@@ -404,10 +428,11 @@ class Consumer:
         deadline = time.monotonic() + self._request_timeout_s
         while (self._starting or self._committing) and time.monotonic() < deadline:
             try:
+                self._progress.clear()
                 self._advance()
             except (KafkaError, _StartFailed):
                 break
-            time.sleep(0.002)
+            self._progress.wait(0.05)
 
     def _tick(self) -> None:
         now = time.monotonic()
@@ -430,6 +455,20 @@ class Consumer:
             self._next_layout_check = now + _LAYOUT_CHECK_S
             self._refresh_layout()
             self._check_legacy()
+
+    def _wait_for_room(self, timeout_s: float) -> None:
+        with self._room_freed:
+            if self._room() > 0 or self._stop.is_set():
+                return
+            self._starved = True
+            self._room_freed.wait(timeout_s)
+            self._starved = False
+
+    def _freed(self) -> None:
+        """Called under the lock whenever a message is settled."""
+        if self._starved:
+            self._starved = False
+            self._room_freed.notify()
 
     def _room(self) -> int:
         with self._cond:
@@ -604,6 +643,7 @@ class Consumer:
                 from kafka.future import Future
 
                 future = Future().failure(exc)
+            future.add_both(self._commit_over)
             self._committing.append((batch, future))
         if actions.dropped:
             with self._cond:
@@ -615,6 +655,9 @@ class Consumer:
                 self._kc.seek(tp, offset)
         if actions.hand_out and not self._stop.is_set():
             self._hand_out(actions.hand_out)
+
+    def _commit_over(self, _: object) -> None:
+        self._progress.set()
 
     def _hand_out(self, messages: list[Message]) -> None:
         with self._cond:
@@ -727,25 +770,28 @@ class Consumer:
     # -- messages and markers -------------------------------------------------------------
 
     def _message(self, record: Any, lane: int) -> Message:
-        message_id, attempt, headers = parse_queue_headers(record.headers)
         partition, offset = record.partition, record.offset
-        if message_id is None:
-            message_id = f"ext-{partition}-{offset}"
-        message = Message(
+        headers = record.headers
+        user: tuple[tuple[str, bytes], ...]
+        if len(headers) == 1 and headers[0][0] == ID_HEADER and headers[0][1]:
+            message_id, attempt, user = headers[0][1].decode("utf-8", "replace"), 1, ()
+        else:  # copies (an attempt header), user headers, foreign records
+            found, attempt, user = parse_queue_headers(headers)
+            message_id = found or f"ext-{partition}-{offset}"
+        return Message._make(
             self,
-            payload=record.value or b"",
-            message_id=message_id,
-            queue=self.queue,
-            attempt=attempt,
-            headers=headers,
-            partition=partition,
-            offset=offset,
-            timestamp_ms=record.timestamp,
-            lane=lane,
+            record.value or b"",
+            message_id,
+            self.queue,
+            attempt,
+            user,
+            partition,
+            offset,
+            record.timestamp,
+            lane,
+            delivery_key(lane, partition, offset),
+            crc32(message_id.encode()) % self._marker_partitions,
         )
-        message.key = delivery_key(lane, partition, offset)
-        message.marker_partition = marker_partition(message_id, self._marker_partitions)
-        return message
 
     def _entry(self, kind: int, message: Message, after_ms: int, text: bytes = b"") -> Entry:
         return (kind, message.lane, message.partition, message.offset, message.attempt,

@@ -132,7 +132,7 @@ class ControlWatcher:
                     for tp in tps
                 ):
                     self.caught_up.set()
-            except KafkaError as exc:
+            except Exception as exc:  # a dead watcher would stall every producer: retry
                 log.warning("control topic %s: %r", self._topic, exc)
                 self._stop.wait(1.0)
 

@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from kmq.markers import ENTRY_BYTES, HEADER_BYTES, Entry, encode_entries
@@ -37,11 +38,12 @@ class _Producer(Protocol):
 class Flush:
     """The outcome of one flush: which markers partitions failed, once it is over."""
 
-    __slots__ = ("_done", "_lock", "_remaining", "_sent", "errors")
+    __slots__ = ("_done", "_lock", "_notify", "_remaining", "_sent", "errors")
 
-    def __init__(self) -> None:
+    def __init__(self, notify: Callable[[], None] | None = None) -> None:
         self._lock = threading.Lock()
         self._done = threading.Event()
+        self._notify = notify
         self._remaining = 0
         self._sent = False
         self.errors: dict[int, BaseException] = {}
@@ -66,13 +68,18 @@ class Flush:
                 self.errors.setdefault(partition, exc)
             self._remaining -= 1
             if self._sent and self._remaining == 0:
-                self._done.set()
+                self._set_done()
 
     def _all_sent(self) -> None:
         with self._lock:
             self._sent = True
             if self._remaining == 0:
-                self._done.set()
+                self._set_done()
+
+    def _set_done(self) -> None:
+        self._done.set()
+        if self._notify is not None:
+            self._notify()
 
 
 class MarkerWriter:
@@ -88,6 +95,7 @@ class MarkerWriter:
         linger_s: float = 0.02,
         flush_at: int = 256,
         name: str = "kmq-markers",
+        on_flushed: Callable[[], None] | None = None,
     ) -> None:
         self.topic = topic
         self.partitions = partitions
@@ -101,7 +109,9 @@ class MarkerWriter:
         self._count = 0
         self._first_at = 0.0
         self._urgent = False
-        self._flush = Flush()
+        self._on_flushed = on_flushed
+        """Called (on a Kafka I/O thread) whenever a flush is over."""
+        self._flush = Flush(on_flushed)
         self._taken: list[Flush] = []  # flushes being sent or answered
         self._closing = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -203,7 +213,7 @@ class MarkerWriter:
                     self._cond.wait(wait_s)
                 pending, self._pending = self._pending, {}
                 texts, self._texts = self._texts, {}
-                flush, self._flush = self._flush, Flush()
+                flush, self._flush = self._flush, Flush(self._on_flushed)
                 self._taken = [f for f in self._taken if not f.done]
                 self._taken.append(flush)
                 self._count = 0

@@ -77,6 +77,40 @@ class Message:
         self.key = 0
         self.marker_partition = 0
 
+    @classmethod
+    def _make(
+        cls,
+        consumer: _Settler,
+        payload: bytes,
+        message_id: str,
+        queue: str,
+        attempt: int,
+        headers: Sequence[tuple[str, bytes]],
+        partition: int,
+        offset: int,
+        timestamp_ms: int,
+        lane: int,
+        key: int,
+        marker_partition: int,
+    ) -> Message:
+        """The consumer's fast path: no keyword arguments, no checks."""
+        m = cls.__new__(cls)
+        m._consumer = consumer
+        m._state = State.BUFFERED
+        m.payload = payload
+        m.id = message_id
+        m.queue = queue
+        m.attempt = attempt
+        m._raw_headers = headers
+        m._headers = None
+        m.partition = partition
+        m.offset = offset
+        m.timestamp_ms = timestamp_ms
+        m.lane = lane
+        m.key = key
+        m.marker_partition = marker_partition
+        return m
+
     @property
     def headers(self) -> Mapping[str, bytes]:
         """Your headers, as sent (read-only)."""

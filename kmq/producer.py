@@ -33,6 +33,7 @@ class Producer:
         self._limit = self._service.config.max_message_bytes
         self._timeout_s = self._service.config.request_timeout_ms / 1000
         self._rr = itertools.count(random.randrange(1 << 16))
+        self._kp: Any = None
 
     def send(
         self, payload: bytes, headers: Mapping[str, bytes] | None = None, *, wait: bool = True
@@ -65,7 +66,9 @@ class Producer:
     ) -> Any:
         partitions = self._service.write_partitions(self._queue.id)
         try:
-            future = self._service.kafka_producer().send(
+            if self._kp is None:
+                self._kp = self._service.kafka_producer()
+            future = self._kp.send(
                 self._topic,
                 key=self._key,
                 value=body,

@@ -184,7 +184,7 @@ class Service:
 
     def write_partitions(self, queue: str) -> tuple[int, ...]:
         """The queue-topic partitions ``queue``'s records are written to."""
-        watcher = self.control_watcher()
+        watcher = self._watcher or self.control_watcher()
         if self._placement_version != watcher.version:
             self._placement = {}
             self._placement_version = watcher.version
