@@ -16,6 +16,7 @@ from pathlib import Path
 from types import FrameType
 
 from bench import (
+    backlog,
     e2e,
     latency,
     producer,
@@ -34,6 +35,7 @@ SECTIONS: dict[str, Callable[[Context], JSON]] = {
     "tracker_core": tracker_core.run,
     "producer": producer.run,
     "transactional": transactional.run,
+    "backlog": backlog.run,
     "profile": profile.run,
 }
 DEFAULT_SECTIONS = [
@@ -43,6 +45,7 @@ DEFAULT_SECTIONS = [
     "tracker_core",
     "producer",
     "transactional",
+    "backlog",
 ]
 
 

@@ -56,18 +56,19 @@ class Run:
     """File stem for py-spy profiles of the consumer (and tracker) processes."""
     consumer_options: tuple[tuple[str, Any], ...] = ()
     """Extra kmq.ConsumerConfig settings, e.g. (("transactional", True),)."""
-    tracker_transactional: bool = False
     payload_bytes: int = 100
     batch_ack: bool = False
     """kmq: one thread per queue calls receive_many(100), then a durable ack_many()."""
+    nack_pct: int = 0
+    """kmq: nack this share of first deliveries with no delay (their copies are timed)."""
+    work_ms: float = 0.0
+    """kmq: the application's work per message (a consumer slower than the producer)."""
     measure_bytes: bool = False
     """Read every topic back afterwards and size what was written (bench/bytes.py)."""
 
     @property
     def label(self) -> str:
         extra = "".join(f" {k}={v}" for k, v in self.consumer_options)
-        if self.tracker_transactional:
-            extra += " tracker=transactional"
         if self.batch_ack:
             extra += " receive_many+ack_many"
         if self.payload_bytes != 100:
@@ -99,10 +100,8 @@ def _start_tracker(children: Children, ctx: Context, run: Run, topics: JSON) -> 
                 "session_timeout_ms": ctx.session_timeout_ms,
                 "lease_s": run.lease_s,
                 "samples_path": str(topics["tracker_samples"]),
-                "transactional": run.tracker_transactional,
             },
         )
-    extra = ["--transactional"] if run.tracker_transactional else []
     return children.python(
         "tracker",
         "-m", "tracker",
@@ -114,7 +113,6 @@ def _start_tracker(children: Children, ctx: Context, run: Run, topics: JSON) -> 
         "--default-redelivery-timeout-s", str(run.lease_s),
         "--session-timeout-ms", str(ctx.session_timeout_ms),
         "--stats-interval-s", "3600",
-        *extra,
     )  # fmt: skip
 
 
@@ -159,7 +157,7 @@ def run_pipeline(ctx: Context, run: Run) -> JSON:
         topics["consumer_samples"] = ctx.work_dir / f"{tag}-consumer-recv.json"
         names = [topics["queue"], topics["markers"]]
         topics["control"] = f"bench.{tag}.control"
-        names.append(topics["control"])
+        names += [topics["control"], f"{topics['queue']}.retry"]
         ensure_topics(
             ServiceConfig(
                 bootstrap_servers=ctx.bootstrap_servers,
@@ -208,6 +206,8 @@ def run_pipeline(ctx: Context, run: Run) -> JSON:
             "ack_wait": run.ack_wait,
             "batch_ack": run.batch_ack,
             "drop_pct": run.drop_pct,
+            "nack_pct": run.nack_pct,
+            "work_ms": run.work_ms,
             "record_ids": run.latency,
             "samples_path": str(topics["consumer_samples"]),
             "consumer_options": dict(run.consumer_options),

@@ -1,10 +1,8 @@
-"""Section 6: the cost of the transactional modes (and, for reference, at-most-once).
+"""Section 6: the cost of the transactional consumer (and, for reference, at-most-once).
 
 Transactional consumer: a batch's START markers and its queue-offset commit go in one Kafka
-transaction. Transactional tracker: each redelivery round's copies, markers and offset
-commit go in one transaction. Each is measured alone and both together. The tracker only
-works in transactions when it redelivers, so its cost is measured on a run where 10% of the
-messages are dropped by their consumer, beside the same run with a plain tracker.
+transaction. (The tracker's redelivery rounds are always fenced transactions since kmq 0.2:
+there is no plain tracker left to compare with.)
 """
 
 from __future__ import annotations
@@ -21,13 +19,10 @@ TXN: tuple[tuple[str, Any], ...] = (("transactional", True),)
 
 def supported() -> dict[str, bool]:
     from kmq.config import ConsumerConfig
-    from tracker.config import TrackerConfig
 
     consumer = {f.name for f in fields(ConsumerConfig)}
-    tracker = {f.name for f in fields(TrackerConfig)}
     return {
         "consumer_transactional": "transactional" in consumer,
-        "tracker_transactional": "transactional" in tracker,
         "at_most_once": "mode" in consumer,
     }
 
@@ -56,30 +51,14 @@ def _throughput(ctx: Context, spec: Run, repeats: int) -> JSON:
 
 def run(ctx: Context) -> JSON:
     support = supported()
-    if not (support["consumer_transactional"] and support["tracker_transactional"]):
-        return {
-            "supported": support,
-            "rows": [],
-            "note": "this kmq has no transactional mode",
-        }
+    if not support["consumer_transactional"]:
+        return {"supported": support, "rows": [], "note": "this kmq has no transactional mode"}
     raw_max, kmq_max = max_rates(ctx)
     count = 6_000 if ctx.quick else 30_000
     repeats = 1 if ctx.quick else 2
     rows: list[JSON] = []
-    txn = Run(
-        side="kmq",
-        queues=1,
-        count=count,
-        consumer_options=TXN,
-        tracker_transactional=True,
-    )
-    variants: list[tuple[str, Run]] = [
-        ("transactional consumer + tracker", txn),
-        (
-            "transactional consumer, plain tracker",
-            Run(side="kmq", queues=1, count=count, consumer_options=TXN),
-        ),
-    ]
+    txn = Run(side="kmq", queues=1, count=count, consumer_options=TXN)
+    variants: list[tuple[str, Run]] = [("transactional consumer", txn)]
     if support["at_most_once"] and not ctx.quick:
         amo = Run(
             side="kmq",
@@ -107,7 +86,6 @@ def run(ctx: Context) -> JSON:
         "baseline": {"raw_acked_per_s": raw_max, "kmq_acked_per_s": kmq_max},
         "rows": rows,
     }
-    out["tracker_redelivery"] = _tracker_redelivery(ctx, count, repeats)
     if ctx.quick:
         return out
     rate = 0.5 * (txn_max or kmq_max)
@@ -120,7 +98,6 @@ def run(ctx: Context) -> JSON:
         lease_s=1.0,
         drop_pct=10,
         consumer_options=TXN,
-        tracker_transactional=True,
     )
     ctx.say(f"transactional: redelivery 10% dropped, {paced.label}")
     result = run_pipeline(ctx, paced)
@@ -142,7 +119,6 @@ def run(ctx: Context) -> JSON:
         latency=True,
         warmup=int(rate * seconds) // 20,
         consumer_options=TXN,
-        tracker_transactional=True,
     )
     ctx.say(f"transactional: latency {spec.label}")
     result = run_pipeline(ctx, spec)
@@ -152,24 +128,3 @@ def run(ctx: Context) -> JSON:
         "recv_to_end_visible_ms": result["recv_to_end_visible_ms"],
     }
     return out
-
-
-def _tracker_redelivery(ctx: Context, count: int, repeats: int) -> JSON:
-    """All-in acked msgs/s with 10% of first deliveries dropped (so 10% go through the
-    tracker's redelivery path), plain tracker against transactional tracker, same run."""
-    rows: list[JSON] = []
-    for transactional in (False, True):
-        spec = Run(
-            side="kmq",
-            queues=1,
-            count=count,
-            lease_s=1.0,
-            drop_pct=10,
-            tracker_transactional=transactional,
-        )
-        got = _throughput(ctx, spec, repeats)
-        rows.append(
-            {"tracker": "transactional" if transactional else "plain", "messages": count, **got}
-        )
-    plain, txn = rows
-    return {"rows": rows, "ratio_txn_vs_plain": ratio(txn["acked_per_s"], plain["acked_per_s"])}

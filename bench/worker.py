@@ -164,6 +164,7 @@ class _Tally:
     latency_ms: list[float] = field(default_factory=list)
     recv_at: dict[str, float] = field(default_factory=dict)
     dropped_at: dict[int, float] = field(default_factory=dict)
+    nacked_at: dict[int, float] = field(default_factory=dict)
     redelivered_at: dict[int, float] = field(default_factory=dict)
     redeliveries: int = 0
     spurious: int = 0
@@ -289,6 +290,8 @@ def role_consume_kmq(a: JSON) -> None:
     ack_wait: bool = a.get("ack_wait", False)
     batch_ack: bool = a.get("batch_ack", False)
     drop_pct: int = a.get("drop_pct", 0)
+    nack_pct: int = a.get("nack_pct", 0)
+    work_s: float = a.get("work_ms", 0.0) / 1000
     want_ids: bool = a.get("record_ids", False)
     svc = _kmq_service(a)
     consumers = [
@@ -336,7 +339,7 @@ def role_consume_kmq(a: JSON) -> None:
                 seq, sent_ns = read_payload(message.payload)
                 if message.attempt > 1:
                     tally.redeliveries += 1
-                    if seq in tally.dropped_at:
+                    if seq in tally.dropped_at or seq in tally.nacked_at:
                         tally.redelivered_at.setdefault(seq, now)
                     else:
                         tally.spurious += 1
@@ -344,6 +347,12 @@ def role_consume_kmq(a: JSON) -> None:
                     tally.dropped_at[seq] = now
                     _abandon(consumer, message)
                     continue
+                elif nack_pct and drop_pct <= seq % 100 < drop_pct + nack_pct:
+                    tally.nacked_at[seq] = now
+                    message.nack(0.0)
+                    continue
+                if work_s:
+                    time.sleep(work_s)
                 message.ack(wait=ack_wait)
                 tally.last_ack = time.monotonic()
                 if message.attempt == 1:
@@ -388,6 +397,15 @@ def role_consume_kmq(a: JSON) -> None:
         merged["dropped"] = sum(len(t.dropped_at) for t in tallies)
         merged["redelivery_delay_beyond_lease_ms"] = delays
         merged["never_redelivered"] = missing
+    if nack_pct:
+        nack_delays = [
+            (t.redelivered_at[seq] - at) * 1000
+            for t in tallies
+            for seq, at in t.nacked_at.items()
+            if seq in t.redelivered_at
+        ]
+        merged["nacked"] = sum(len(t.nacked_at) for t in tallies)
+        merged["nack_delay_ms"] = nack_delays
     if want_ids:
         recv_at: dict[str, float] = {}
         for t in tallies:
@@ -405,6 +423,9 @@ def _finish_consumer(a: JSON, merged: JSON) -> None:
 
     latency = merged.pop("latency_ms")
     delays = merged.pop("redelivery_delay_beyond_lease_ms", None)
+    nack_delays = merged.pop("nack_delay_ms", None)
+    if nack_delays is not None:
+        merged["nack_delay_ms"] = summarize(nack_delays)
     merged["latency_ms"] = summarize(latency) if a.get("latency") else None
     if delays is not None:
         merged["redelivery_delay_beyond_lease_ms"] = summarize(delays)
@@ -446,7 +467,6 @@ def role_tracker_probe(a: JSON) -> None:
             group_id=a["group_id"],
             default_redelivery_timeout_s=a.get("lease_s", 30.0),
             session_timeout_ms=a["session_timeout_ms"],
-            transactional=bool(a.get("transactional")),
         )
     )
     signal.signal(signal.SIGTERM, lambda signum, frame: tracker.stop())

@@ -38,6 +38,11 @@ def check_seconds(value: object, what: str, *, maximum: float = MAX_REDELIVERY_T
     return float(value)
 
 
+def retry_topic_for(queue_topic: str) -> str:
+    """The default retry topic of a queue topic."""
+    return f"{queue_topic}.retry"
+
+
 def normalize_bootstrap(servers: object) -> str:
     if isinstance(servers, (list, tuple)):
         servers = ",".join(str(s) for s in servers)
@@ -59,7 +64,11 @@ class ServiceConfig:
     queue_topic: str = "kmq.queue"
     marker_topic: str = "kmq.markers"
     control_topic: str = "kmq.control"
-    """Compacted topic holding queue pauses."""
+    """Compacted topic holding queue pauses and topic layouts."""
+    retry_topic: str = ""
+    """Where the tracker writes redelivered copies (default ``<queue_topic>.retry``);
+    consumers read it before the queue topic, so a copy never waits behind a backlog. Same
+    partition count and layout as the queue topic when kmq creates it."""
     redelivery_timeout_s: float = 30.0
     queue_partitions: int = 16
     queue_spread: int = 2
@@ -81,9 +90,14 @@ class ServiceConfig:
         check_topic(self.queue_topic, "queue_topic")
         check_topic(self.marker_topic, "marker_topic")
         check_topic(self.control_topic, "control_topic")
-        if len({self.queue_topic, self.marker_topic, self.control_topic}) < 3:
+        object.__setattr__(
+            self, "retry_topic", self.retry_topic or retry_topic_for(self.queue_topic)
+        )
+        check_topic(self.retry_topic, "retry_topic")
+        names = {self.queue_topic, self.marker_topic, self.control_topic, self.retry_topic}
+        if len(names) < 4:
             raise ConfigError(
-                "queue_topic, marker_topic and control_topic must be different topics"
+                "queue_topic, marker_topic, control_topic and retry_topic must be different"
             )
         object.__setattr__(
             self,

@@ -32,7 +32,7 @@ from zlib import crc32
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.errors import KafkaError
-from kafka.structs import OffsetAndMetadata
+from kafka.structs import MemberState, OffsetAndMetadata
 
 from kmq.assignor import LayoutAssignor
 from kmq.config import AT_MOST_ONCE, ConsumerConfig
@@ -44,7 +44,7 @@ from kmq.errors import (
 )
 from kmq.leases import Actions, Batch, BatchCycle, Leases
 from kmq.marker_writer import Flush, MarkerWriter
-from kmq.markers import QUEUE_LANE, Entry, MarkerType, encode_entries
+from kmq.markers import QUEUE_LANE, RETRY_LANE, Entry, MarkerType, encode_entries
 from kmq.message import Message, State
 from kmq.records import ID_HEADER, dead_letter_headers, delivery_key, parse_queue_headers
 
@@ -61,6 +61,9 @@ _RELEASE = int(MarkerType.RELEASE)
 _DEAD_LETTERED = int(MarkerType.DEAD_LETTERED)
 
 _LAYOUT_CHECK_S = 1.0
+_JOIN_POLL_MS = 100
+_RETRY_POLL_S = 0.01
+"""How often the retry lane is polled while nothing comes from it."""
 
 TP = TopicPartition
 CycleBatch = Batch[TopicPartition, Message]
@@ -87,6 +90,8 @@ class Consumer:
         self._svc = svc
         self._svc_config = cfg = svc.config
         self._topic = cfg.queue_topic
+        self._retry_topic = cfg.retry_topic
+        self._lanes = {cfg.queue_topic: QUEUE_LANE, cfg.retry_topic: RETRY_LANE}
         self._key = queue.id.encode()
         self._producer = svc.kafka_producer()
         self._lease_ms = cfg.redelivery_timeout_ms
@@ -104,6 +109,12 @@ class Consumer:
         # while the next goes through START and commit.
         self._batch_max = max(1, config.max_in_flight // 2)
         self._ready: deque[Message] = deque()
+        self._ready_retry: deque[Message] = deque()
+        """Redelivered copies: handed out before anything from the queue topic."""
+        # The last tenth of max_in_flight is kept for the retry lane: with the queue topic
+        # backed up, a copy is still fetched (and handed out first) at once.
+        self._reserve = config.max_in_flight // 10
+        self._next_retry_poll = 0.0
         self._leases: Leases[int, Message] = Leases(self._keepalive_s)
         self._closed = False
         self._error: BaseException | None = None
@@ -131,27 +142,19 @@ class Consumer:
         self.group_id = config.group_id or f"kmq.{cfg.queue_topic}.{queue.id}"
         self._read: dict[int, int | None] = {}
         self._declared: frozenset[int] = frozenset()
+        self._declared_retry: frozenset[int] = frozenset()
         self._legacy_done: set[int] = set()
         self._layout_version = -1
         try:
-            self._kc = KafkaConsumer(
-                bootstrap_servers=cfg.bootstrap_servers,
-                client_id=f"{cfg.client_id}-consumer",
-                group_id=self.group_id,
-                enable_auto_commit=False,
-                auto_offset_reset="earliest",
-                session_timeout_ms=cfg.session_timeout_ms,
-                heartbeat_interval_ms=max(100, cfg.session_timeout_ms // 4),
-                request_timeout_ms=max(cfg.request_timeout_ms, cfg.session_timeout_ms + 5000),
-                fetch_max_wait_ms=100,
-                isolation_level="read_committed",  # a transactional tracker's aborted copies
-                partition_assignment_strategy=[
-                    LayoutAssignor(self._declaration),
-                    RangePartitionAssignor,
-                ],
+            # Two group members: the queue topic's, and the retry topic's (its own group).
+            # Apart, each can be paused as a whole, and the retry lane is read first.
+            self._kc = self._kafka_consumer(self.group_id, self._declaration, 100)
+            self._rc = self._kafka_consumer(
+                f"{self.group_id}.retry", self._retry_declaration, 500, "retry-consumer"
             )
             self._refresh_layout(initial=True)
             self._kc.subscribe([self._topic])
+            self._rc.subscribe([self._retry_topic])
             self._txn: KafkaProducer | None = None
             if config.transactional:
                 self._txn = KafkaProducer(
@@ -171,6 +174,37 @@ class Consumer:
             target=self._run, name=f"kmq-consumer-{queue.id}", daemon=True
         )
         self._thread.start()
+
+    def _kafka_consumer(
+        self, group_id: str, declared: Any, fetch_max_wait_ms: int, name: str = "consumer"
+    ) -> KafkaConsumer:
+        cfg = self._svc_config
+        return KafkaConsumer(
+            bootstrap_servers=cfg.bootstrap_servers,
+            client_id=f"{cfg.client_id}-{name}",
+            group_id=group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            session_timeout_ms=cfg.session_timeout_ms,
+            heartbeat_interval_ms=max(100, cfg.session_timeout_ms // 4),
+            request_timeout_ms=max(cfg.request_timeout_ms, cfg.session_timeout_ms + 5000),
+            fetch_max_wait_ms=fetch_max_wait_ms,
+            isolation_level="read_committed",  # a transactional tracker's aborted copies
+            partition_assignment_strategy=[LayoutAssignor(declared), RangePartitionAssignor],
+        )
+
+    @staticmethod
+    def _poll_ms(client: KafkaConsumer, wanted_ms: int) -> int:
+        """A poll timeout long enough for a group (re)join to finish inside it: kafka-python
+        3.0.12 drops a join that completes between two polls and starts it over, so a
+        member polled only briefly can keep rejoining for ever."""
+        if client.group_metadata().state != MemberState.STABLE:
+            return max(wanted_ms, _JOIN_POLL_MS)
+        return wanted_ms
+
+    def _client(self, tp: TopicPartition) -> KafkaConsumer:
+        """The Kafka consumer that reads ``tp``."""
+        return self._rc if tp.topic == self._retry_topic else self._kc
 
     # -- application side -------------------------------------------------------------
 
@@ -202,12 +236,18 @@ class Consumer:
             while True:
                 if self._closed:
                     raise ConsumerClosedError(f"consumer of queue {self.queue!r} is closed")
-                ready = self._ready
+                retry, ready = self._ready_retry, self._ready
                 # Asked each time, not cached: once the control topic shows a pause, nothing
                 # more is handed out, even before the poll thread notices it.
-                if ready and not (self._paused or self._pauses.paused_until_ms(self.queue)):
+                if (retry or ready) and not (
+                    self._paused or self._pauses.paused_until_ms(self.queue)
+                ):
                     out: list[Message] = []
                     held = State.HELD
+                    while retry and len(out) < count:
+                        message = retry.popleft()
+                        message._state = held
+                        out.append(message)
                     while ready and len(out) < count:
                         message = ready.popleft()
                         message._state = held
@@ -240,7 +280,10 @@ class Consumer:
     def in_flight(self) -> int:
         """Messages started but not yet settled: buffered plus handed out."""
         with self._cond:
-            return len(self._ready) if self._at_most_once else len(self._leases)
+            return self._buffered() if self._at_most_once else len(self._leases)
+
+    def _buffered(self) -> int:
+        return len(self._ready) + len(self._ready_retry)
 
     def assignment(self) -> frozenset[int]:
         """Queue-topic partitions this consumer owned at its last poll (empty before it joins)."""
@@ -305,9 +348,10 @@ class Consumer:
                         entry = self._entry(_RELEASE, message, 0, text)
                     self._writer.add(entry, message.marker_partition, text)
                     message._state = State.RELEASED
-                for message in self._ready:
+                for message in (*self._ready, *self._ready_retry):
                     message._state = State.RELEASED
                 self._ready.clear()
+                self._ready_retry.clear()
             if not self._writer.close(timeout_s):
                 log.error(
                     "queue %r: markers written at close did not all reach the broker; "
@@ -316,6 +360,7 @@ class Consumer:
                 )
         finally:
             self._kc.close(autocommit=False)
+            self._rc.close(autocommit=False)
             if self._txn is not None:
                 self._txn.close(timeout=timeout_s)
 
@@ -389,17 +434,30 @@ class Consumer:
                     room = 0 if self._paused else self._room()
                     self._apply_backpressure(room)
                     busy = bool(self._starting or self._committing)
-                    if room <= 0 and not busy:
-                        # Nothing to fetch until the application settles something: wait
-                        # for that, not in poll(). A poll that cannot block keeps the
-                        # group membership alive meanwhile.
-                        self._kc.poll(timeout_ms=0, max_records=1)
-                        self._wait_for_room(self.config.poll_timeout_ms / 1000)
-                        continue
                     self._progress.clear()
+                    # The retry lane first (at most every few ms: each poll costs the Kafka
+                    # client some work): never blocks, paused only when full.
+                    now = time.monotonic()
+                    if now >= self._next_retry_poll:
+                        copies = self._rc.poll(
+                            timeout_ms=self._poll_ms(self._rc, 0), max_records=max(1, room)
+                        )
+                        if copies:
+                            self._begin(copies)
+                            continue
+                        self._next_retry_poll = now + _RETRY_POLL_S
+                    if room <= self._reserve and not busy:
+                        # The queue topic is paused: wait for the application to settle
+                        # something, not in poll(). (The zero-timeout polls keep both group
+                        # memberships alive meanwhile.)
+                        self._kc.poll(timeout_ms=self._poll_ms(self._kc, 0), max_records=1)
+                        self._wait_for_room(self._reserve, self.config.poll_timeout_ms / 1000)
+                        continue
                     records = self._kc.poll(
-                        timeout_ms=0 if busy else self.config.poll_timeout_ms,
-                        max_records=max(1, min(room, self._batch_max)),
+                        timeout_ms=self._poll_ms(
+                            self._kc, 0 if busy else self.config.poll_timeout_ms
+                        ),
+                        max_records=max(1, min(room - self._reserve, self._batch_max)),
                     )
                     if records:
                         self._begin(records)
@@ -456,9 +514,9 @@ class Consumer:
             self._refresh_layout()
             self._check_legacy()
 
-    def _wait_for_room(self, timeout_s: float) -> None:
+    def _wait_for_room(self, above: int, timeout_s: float) -> None:
         with self._room_freed:
-            if self._room() > 0 or self._stop.is_set():
+            if (not self._paused and self._room() > above) or self._stop.is_set():
                 return
             self._starved = True
             self._room_freed.wait(timeout_s)
@@ -472,32 +530,40 @@ class Consumer:
 
     def _room(self) -> int:
         with self._cond:
-            unsettled = len(self._ready) if self._at_most_once else len(self._leases)
+            unsettled = self._buffered() if self._at_most_once else len(self._leases)
             return self.config.max_in_flight - unsettled
 
     def _apply_backpressure(self, room: int) -> None:
+        """The retry lane is paused only when full, the queue topic already when only the
+        reserve for the retry lane is left. A consumer's partitions are paused all at once
+        (kafka-python 3.0.12 can stop fetching a partition that was paused while others
+        kept fetching), except those finished with for good."""
         assigned = self._kc.assignment()
         self._assigned = frozenset(tp.partition for tp in assigned)
-        paused = self._kc.paused()
-        if room <= 0:
-            unpaused = assigned - paused
-            if unpaused:
-                self._kc.pause(*unpaused)
+        if room <= self._reserve:
+            want = set(assigned)
         else:
-            resume = [tp for tp in paused if tp.partition not in self._legacy_done]
-            if resume:
-                self._kc.resume(*resume)
-            finished = [
-                tp for tp in assigned if tp.partition in self._legacy_done and tp not in paused
-            ]
-            if finished:
-                self._kc.pause(*finished)
+            want = {tp for tp in assigned if tp.partition in self._legacy_done}
+        self._set_paused(self._kc, want)
+        self._set_paused(self._rc, set(self._rc.assignment()) if room <= 0 else set())
+
+    @staticmethod
+    def _set_paused(client: KafkaConsumer, want: set[TopicPartition]) -> None:
+        paused = client.paused()
+        pause, resume = want - paused, paused - want
+        if pause:
+            client.pause(*pause)
+        if resume:
+            client.resume(*resume)
 
     # -- layout ---------------------------------------------------------------------------
 
     def _declaration(self) -> dict[str, list[int]]:
         """What this member asks its group's leader for (see kmq.assignor)."""
         return {self._topic: sorted(self._declared)}
+
+    def _retry_declaration(self) -> dict[str, list[int]]:
+        return {self._retry_topic: sorted(self._declared_retry)}
 
     def _refresh_layout(self, *, initial: bool = False) -> None:
         """Follow the queue's layout: rejoin the group when it gains partitions."""
@@ -516,14 +582,22 @@ class Consumer:
                 self._legacy_done.add(partition)
             else:
                 declared.add(partition)
+        retry = set(self._svc.read_partitions(self.queue, self._retry_topic))
         self._read = read
         grew = not set(declared) <= self._declared
+        grew_retry = not retry <= self._declared_retry
         self._declared = frozenset(declared)
-        if grew and not initial:
+        self._declared_retry = frozenset(retry)
+        if initial:
+            return
+        if grew:
             log.info("queue %r now reads partitions %s: rejoining its group",
                      self.queue, sorted(declared))  # fmt: skip
             self._kc.unsubscribe()
             self._kc.subscribe([self._topic])
+        if grew_retry:
+            self._rc.unsubscribe()
+            self._rc.subscribe([self._retry_topic])
 
     def _check_legacy(self) -> None:
         for tp in self._kc.assignment():
@@ -555,9 +629,10 @@ class Consumer:
                 continue
             firsts[tp] = batch[0].offset
             commits[tp] = batch[-1].offset + 1
+            lane = self._lanes.get(tp.topic, QUEUE_LANE)
             for record in batch:
                 if record.key == key:
-                    messages.append(self._message(record, QUEUE_LANE))
+                    messages.append(self._message(record, lane))
         if self._at_most_once:
             self._begin_at_most_once(commits, firsts, messages)
             return
@@ -638,7 +713,7 @@ class Consumer:
         for batch in actions.commit:
             offsets = {tp: OffsetAndMetadata(o, "", -1) for tp, o in batch.commits.items()}
             try:
-                future = self._kc.commit_async(offsets)
+                future = self._client(next(iter(offsets))).commit_async(offsets)
             except KafkaError as exc:
                 from kafka.future import Future
 
@@ -652,7 +727,7 @@ class Consumer:
         for tp, offset in actions.seek.items():
             # A partition revoked meanwhile raises here; its new owner reads it anyway.
             with contextlib.suppress(Exception):
-                self._kc.seek(tp, offset)
+                self._client(tp).seek(tp, offset)
         if actions.hand_out and not self._stop.is_set():
             self._hand_out(actions.hand_out)
 
@@ -661,7 +736,8 @@ class Consumer:
 
     def _hand_out(self, messages: list[Message]) -> None:
         with self._cond:
-            self._ready.extend(messages)
+            for message in messages:
+                (self._ready_retry if message.lane else self._ready).append(message)
             self._cond.notify_all()
 
     def _begin_transaction(
@@ -696,7 +772,9 @@ class Consumer:
                     value=encode_entries(entries, texts),
                     partition=partition,
                 )
-            txn.send_offsets_to_transaction(offsets, self._kc.group_metadata())
+            txn.send_offsets_to_transaction(
+                offsets, self._client(next(iter(offsets))).group_metadata()
+            )
             with self._cond:
                 self._leases.started([(m.key, m) for m in messages], time.monotonic())
             txn.commit_transaction()
@@ -719,7 +797,7 @@ class Consumer:
         """Commit first, then hand out: never delivered twice, lost if we crash holding it."""
         offsets = {tp: OffsetAndMetadata(o, "", -1) for tp, o in commits.items()}
         try:
-            self._kc.commit(offsets)
+            self._client(next(iter(offsets))).commit(offsets)
         except KafkaError as exc:
             messages = self._committed_anyway(offsets, firsts, messages, exc)
             if not messages:
@@ -729,7 +807,7 @@ class Consumer:
     def _seek(self, firsts: dict[TopicPartition, int]) -> None:
         for tp, offset in firsts.items():
             with contextlib.suppress(Exception):
-                self._kc.seek(tp, offset)
+                self._client(tp).seek(tp, offset)
 
     def _committed_anyway(
         self,
@@ -748,8 +826,9 @@ class Consumer:
         """
         landed: set[int] = set()
         for tp, meta in commits.items():
+            client = self._client(tp)
             try:
-                committed = self._kc.committed(tp)
+                committed = client.committed(tp)
             except KafkaError as err:
                 log.error(
                     "queue %r: offset commit failed (%r) and the committed offset of %s is "
@@ -757,14 +836,14 @@ class Consumer:
                     self.queue, exc, tp, err,
                 )  # fmt: skip
                 continue
-            if committed == meta.offset and tp in self._kc.assignment():
+            if committed == meta.offset and tp in client.assignment():
                 # Ours, and committed exactly up to this batch (further on would mean a new
                 # owner has read and committed it already).
                 landed.add(tp.partition)
                 continue
             # A partition revoked meanwhile raises here; its new owner reads it anyway.
             with contextlib.suppress(Exception):
-                self._kc.seek(tp, committed if committed is not None else firsts[tp])
+                client.seek(tp, committed if committed is not None else firsts[tp])
         return [m for m in messages if m.partition in landed]
 
     # -- messages and markers -------------------------------------------------------------

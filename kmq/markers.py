@@ -44,6 +44,9 @@ class MarkerType(enum.IntEnum):
     REDELIVERED = 5  # written by the tracker once the new copy is on the broker
     RELEASE = 6  # given back unseen (consumer closed): redeliver now, same attempt
     DEAD_LETTERED = 7  # moved to its dead-letter queue (rejected, or out of attempts)
+    REJECT = 8  # dead-letter it now (written by anyone holding its receipt, e.g. the proxy)
+    PROBE = 9  # a tracker's own mark of how far it has read: offset = its send time (ms),
+    # attempt = the tracker's nonce; names no record
 
 
 KNOWN_TYPES = frozenset(int(t) for t in MarkerType)

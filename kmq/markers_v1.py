@@ -14,7 +14,6 @@ from google.protobuf.message import DecodeError
 from kmq._proto import marker_pb2
 from kmq.errors import MarkerDecodeError
 from kmq.markers import (
-    KNOWN_TYPES,
     MAX_AFTER_MS,
     MAX_ATTEMPT,
     QUEUE_LANE,
@@ -26,6 +25,7 @@ from kmq.markers import (
 
 VERSION = 1
 BATCH = marker_pb2.BATCH
+_V1_TYPES = frozenset(range(1, 8))  # START .. DEAD_LETTERED; 8 was BATCH in version 1
 _START = int(MarkerType.START)
 
 
@@ -41,7 +41,7 @@ def _pb(data: bytes) -> marker_pb2.Marker:
 def _problem(pb: marker_pb2.Marker) -> str | None:
     if pb.version != VERSION:
         return f"unsupported marker version {pb.version}"
-    if pb.type not in KNOWN_TYPES:
+    if pb.type not in _V1_TYPES:
         return f"unknown marker type {pb.type}"
     if not pb.message_id:
         return "marker has no message id"

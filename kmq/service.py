@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import threading
 import time
+from functools import partial
 from typing import Any
 
 from kafka import KafkaProducer
@@ -70,21 +71,23 @@ class Queue:
         svc = self.service
         svc.ensure_topics()
         cfg = svc.config
-        layout = svc.control_watcher().layout(cfg.queue_topic, cfg.request_timeout_ms / 1000)
-        if layout is None:
-            raise KmqError(
-                f"queue topic {cfg.queue_topic} has no layout yet (it predates kmq 0.2): "
-                "give it one with `kmq topics layout` first"
-            )
-        try:
-            updated = grown(layout, self.id, min(partitions, layout.partitions))
-        except ValueError as exc:
-            raise InvalidArgumentError(str(exc)) from None
-        set_layout(cfg.bootstrap_servers, cfg.control_topic, cfg.queue_topic, updated)
-        svc.control_watcher().wait_for(
-            lambda: svc.control_watcher().table.layout(cfg.queue_topic) == updated,
-            cfg.request_timeout_ms / 1000,
-        )
+        watcher = svc.control_watcher()
+        timeout_s = cfg.request_timeout_ms / 1000
+        for topic in (cfg.queue_topic, cfg.retry_topic):
+            layout = watcher.layout(topic, timeout_s)
+            if layout is None:
+                if topic == cfg.retry_topic:
+                    continue  # none there: every queue reads all of it
+                raise KmqError(
+                    f"queue topic {topic} has no layout yet (it predates kmq 0.2): "
+                    "give it one with `kmq topics layout` first"
+                )
+            try:
+                updated = grown(layout, self.id, min(partitions, layout.partitions))
+            except ValueError as exc:
+                raise InvalidArgumentError(str(exc)) from None
+            set_layout(cfg.bootstrap_servers, cfg.control_topic, topic, updated)
+            watcher.wait_for(partial(_shows, watcher, topic, updated), timeout_s)
 
     def _set_pause(self, until_ms: int) -> None:
         self.service.ensure_topics()
@@ -99,6 +102,10 @@ class Queue:
 
     def __repr__(self) -> str:
         return f"<kmq.Queue {self.id!r} on {self.service.config.queue_topic}>"
+
+
+def _shows(watcher: ControlWatcher, topic: str, layout: TopicLayout) -> bool:
+    return watcher.table.layout(topic) == layout
 
 
 class Service:
@@ -177,10 +184,13 @@ class Service:
                 )
             return self._watcher
 
-    def layout(self) -> TopicLayout | None:
-        """The queue topic's layout (``None``: the kmq 0.1 layout, every queue everywhere)."""
+    def layout(self, topic: str | None = None) -> TopicLayout | None:
+        """A topic's layout, the queue topic's by default (``None``: the kmq 0.1 layout,
+        every queue everywhere)."""
         cfg = self.config
-        return self.control_watcher().layout(cfg.queue_topic, cfg.request_timeout_ms / 1000)
+        return self.control_watcher().layout(
+            topic or cfg.queue_topic, cfg.request_timeout_ms / 1000
+        )
 
     def write_partitions(self, queue: str) -> tuple[int, ...]:
         """The queue-topic partitions ``queue``'s records are written to."""
@@ -194,9 +204,11 @@ class Service:
             self._placement[queue] = placed
         return placed
 
-    def read_partitions(self, queue: str) -> dict[int, int | None]:
-        """The partitions ``queue``'s group reads, each with the offset it may stop at."""
-        return read_partitions(self.layout(), queue, self.queue_partition_count())
+    def read_partitions(self, queue: str, topic: str | None = None) -> dict[int, int | None]:
+        """The partitions ``queue``'s group reads on a topic (the queue topic by default),
+        each with the offset it may stop at."""
+        topic = topic or self.config.queue_topic
+        return read_partitions(self.layout(topic), queue, self._partition_count(topic))
 
     def queue_partition_count(self) -> int:
         """How many partitions the queue topic has (looked up once)."""

@@ -19,11 +19,13 @@ log = logging.getLogger(__name__)
 
 
 def ensure_topics(config: ServiceConfig, *, timeout_s: float = 30.0) -> list[str]:
-    """Create the control, queue and markers topics if absent; return the names it created.
+    """Create the control, queue, retry and markers topics if absent; return the names it
+    created.
 
-    Existing topics are left as they are, whatever their partition count. A queue topic kmq
-    creates gets its layout record (one window of ``queue_spread`` partitions per queue)
-    written *before* the topic exists, so no process can see the topic without its layout.
+    Existing topics are left as they are, whatever their partition count. A queue or retry
+    topic kmq creates gets its layout record (one window of ``queue_spread`` partitions per
+    queue) written *before* the topic exists, so no process can see the topic without its
+    layout.
     """
     try:
         admin = KafkaAdminClient(
@@ -43,15 +45,17 @@ def ensure_topics(config: ServiceConfig, *, timeout_s: float = 30.0) -> list[str
                                        topic_configs=compact)):  # fmt: skip
                 created.append(config.control_topic)
             _wait_visible(admin, [config.control_topic], deadline)
-        if config.queue_topic not in existing:
-            set_layout(
-                config.bootstrap_servers,
-                config.control_topic,
-                config.queue_topic,
-                TopicLayout(config.queue_partitions, config.queue_spread, legacy_end={}),
-            )
+        for name in (config.queue_topic, config.retry_topic):
+            if name not in existing:
+                set_layout(
+                    config.bootstrap_servers,
+                    config.control_topic,
+                    name,
+                    TopicLayout(config.queue_partitions, config.queue_spread, legacy_end={}),
+                )
         for name, partitions in (
             (config.queue_topic, config.queue_partitions),
+            (config.retry_topic, config.queue_partitions),
             (config.marker_topic, config.marker_partitions),
         ):
             if name not in existing and _create(

@@ -27,6 +27,14 @@ from tracker.config import TrackerConfig
     "--control-topic", envvar="KMQ_CONTROL_TOPIC", show_envvar=True, default="kmq.control"
 )
 @click.option(
+    "--retry-topic",
+    envvar="KMQ_RETRY_TOPIC",
+    show_envvar=True,
+    default="",
+    help="Where redelivered copies go (consumers read it before the queue topic); "
+    "default <queue-topic>.retry.",
+)
+@click.option(
     "--group-id",
     envvar="KMQ_GROUP_ID",
     show_envvar=True,
@@ -65,9 +73,9 @@ from tracker.config import TrackerConfig
 @click.option(
     "--transactional/--no-transactional",
     envvar="KMQ_TRANSACTIONAL",
-    show_envvar=True,
-    default=False,
-    help="Copy, marker and offset commit of each redelivery round in one transaction.",
+    default=None,
+    hidden=True,
+    help="Accepted for kmq 0.1 deployments and ignored: every round is a transaction now.",
 )
 @click.option(
     "--log-level",
@@ -81,13 +89,14 @@ def main(
     queue_topic: str,
     marker_topic: str,
     control_topic: str,
+    retry_topic: str,
     group_id: str,
     default_redelivery_timeout_s: float,
     session_timeout_ms: int,
     commit_interval_s: float,
     stats_interval_s: float,
     max_message_bytes: int,
-    transactional: bool,
+    transactional: bool | None,
     log_level: str,
 ) -> None:
     """Track kmq markers and redeliver messages whose lease ran out."""
@@ -103,16 +112,20 @@ def main(
             queue_topic=queue_topic,
             marker_topic=marker_topic,
             control_topic=control_topic,
+            retry_topic=retry_topic,
             group_id=group_id,
             default_redelivery_timeout_s=default_redelivery_timeout_s,
             session_timeout_ms=session_timeout_ms,
             commit_interval_s=commit_interval_s,
             stats_interval_s=stats_interval_s,
             max_message_bytes=max_message_bytes,
-            transactional=transactional,
         )
     except KmqError as exc:
         raise click.UsageError(str(exc)) from exc
+    if transactional is not None:
+        logging.getLogger("kmq.tracker").warning(
+            "--transactional is ignored: every redelivery round is a fenced transaction"
+        )
     from tracker.daemon import Tracker
 
     tracker = Tracker(config)

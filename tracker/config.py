@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kmq.config import check_positive_int, check_seconds, check_topic, normalize_bootstrap
+from kmq.config import (
+    check_positive_int,
+    check_seconds,
+    check_topic,
+    normalize_bootstrap,
+    retry_topic_for,
+)
 from kmq.errors import ConfigError
 
 
@@ -14,6 +20,9 @@ class TrackerConfig:
     queue_topic: str = "kmq.queue"
     marker_topic: str = "kmq.markers"
     control_topic: str = "kmq.control"
+    retry_topic: str = ""
+    """Where redelivered copies go (default ``<queue_topic>.retry``): consumers read it
+    before the queue topic."""
     group_id: str = "kmq-tracker"
     default_redelivery_timeout_s: float = 30.0
     """Lease used for markers whose own is missing or absurd."""
@@ -28,18 +37,20 @@ class TrackerConfig:
     max_message_bytes: int = 1_000_000
     """The SDK's ``max_message_bytes``: set both the same, or the tracker cannot write the
     copies and dead letters of messages the SDK let through."""
-    transactional: bool = False
-    """Write each round's copies, their markers and the markers-offset commit in one Kafka
-    transaction, closing the window where a crash between copy and marker duplicates it."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bootstrap_servers", normalize_bootstrap(self.bootstrap_servers))
         check_topic(self.queue_topic, "queue_topic")
         check_topic(self.marker_topic, "marker_topic")
         check_topic(self.control_topic, "control_topic")
-        if len({self.queue_topic, self.marker_topic, self.control_topic}) < 3:
+        object.__setattr__(
+            self, "retry_topic", self.retry_topic or retry_topic_for(self.queue_topic)
+        )
+        check_topic(self.retry_topic, "retry_topic")
+        names = {self.queue_topic, self.marker_topic, self.control_topic, self.retry_topic}
+        if len(names) < 4:
             raise ConfigError(
-                "queue_topic, marker_topic and control_topic must be different topics"
+                "queue_topic, marker_topic, control_topic and retry_topic must be different"
             )
         if not isinstance(self.group_id, str) or not self.group_id:
             raise ConfigError("group_id must be a non-empty string")
@@ -52,5 +63,3 @@ class TrackerConfig:
         check_seconds(self.redelivery_retry_s, "redelivery_retry_s", maximum=3600)
         check_seconds(self.stats_interval_s, "stats_interval_s", maximum=86400)
         check_positive_int(self.max_message_bytes, "max_message_bytes", minimum=1024)
-        if not isinstance(self.transactional, bool):
-            raise ConfigError(f"transactional must be a bool, got {self.transactional!r}")

@@ -1,12 +1,15 @@
-"""The Kafka adapter around :class:`tracker.state.PartitionState`: reads markers through a
-consumer group, performs due redeliveries, commits what is safe."""
+"""The tracker's loop: reads markers through a consumer group into one
+:class:`tracker.state.PartitionState` per owned partition, probes how far it has read,
+re-reads due deliveries' records (:mod:`tracker.reread`) and redelivers them in one fenced
+transaction per markers partition (:mod:`tracker.redeliver`, :mod:`tracker.fencing`),
+and commits what is safe."""
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterable
 
@@ -17,11 +20,11 @@ from kafka.structs import OffsetAndMetadata
 
 from kmq.control import ControlWatcher
 from kmq.layout import write_partitions
-from kmq.markers import QUEUE_LANE
+from kmq.markers import QUEUE_LANE, RETRY_LANE, encode_entries
 from kmq.records import split_key
 from tracker.config import TrackerConfig
-from tracker.membership import HeartbeatGuard
-from tracker.redeliver import Copy, Outcome, Redeliverer, copy_of
+from tracker.fencing import PartitionWriters
+from tracker.redeliver import Copy, Redeliverer, RoundOutcome, copy_of
 from tracker.reread import RecordReader
 from tracker.state import Due, PartitionState
 
@@ -46,6 +49,8 @@ class Tracker:
         self._fresh: set[int] = set()  # assigned, first batch not read yet
         self._next_commit = 0.0
         self._next_stats = time.monotonic() + config.stats_interval_s
+        self._nonce = random.getrandbits(32)
+        """Marks this replica's PROBE markers: only its own tell it how far it has read."""
         self._kc = KafkaConsumer(
             bootstrap_servers=config.bootstrap_servers,
             client_id=config.client_id,
@@ -60,18 +65,6 @@ class Tracker:
         )
         self._listener = _Listener()
         self._kc.subscribe([config.marker_topic], listener=self._listener)
-        self._txn: KafkaProducer | None = None
-        if config.transactional:
-            self._txn = KafkaProducer(
-                bootstrap_servers=config.bootstrap_servers,
-                client_id=f"{config.client_id}-txn",
-                transactional_id=f"{config.group_id}-{uuid.uuid4().hex[:12]}",
-                acks="all",
-                enable_idempotence=True,
-                max_request_size=config.max_message_bytes + _DEAD_LETTER_HEADROOM_BYTES,
-                request_timeout_ms=config.request_timeout_ms,
-            )
-            self._txn.init_transactions()
         self._pauses = ControlWatcher(config.bootstrap_servers, config.control_topic)
         self._reader = KafkaConsumer(
             bootstrap_servers=config.bootstrap_servers,
@@ -82,24 +75,32 @@ class Tracker:
             request_timeout_ms=config.request_timeout_ms,
             fetch_max_wait_ms=50,
         )
-        self._producer = KafkaProducer(
+        self._producer = KafkaProducer(  # PROBE markers only: they change nothing
             bootstrap_servers=config.bootstrap_servers,
             client_id=f"{config.client_id}-producer",
+            acks="all",
+            enable_idempotence=True,
+            request_timeout_ms=config.request_timeout_ms,
+        )
+        self._writers = PartitionWriters(self._transactional_producer, config.group_id,
+                                         config.marker_topic)  # fmt: skip
+        self._topics = {QUEUE_LANE: config.queue_topic, RETRY_LANE: config.retry_topic}
+        self._records = RecordReader(self._reader, self._topics)
+        self._redeliverer = Redeliverer(
+            config.queue_topic, config.retry_topic, config.marker_topic, self._partitions_of
+        )
+
+    def _transactional_producer(self, transactional_id: str) -> KafkaProducer:
+        config = self.config
+        return KafkaProducer(
+            bootstrap_servers=config.bootstrap_servers,
+            client_id=f"{config.client_id}-txn",
+            transactional_id=transactional_id,
             acks="all",
             enable_idempotence=True,
             max_request_size=config.max_message_bytes + _DEAD_LETTER_HEADROOM_BYTES,
             request_timeout_ms=config.request_timeout_ms,
         )
-        self._topics = {QUEUE_LANE: config.queue_topic}
-        self._records = RecordReader(self._reader, self._topics)
-        self._redeliverer = Redeliverer(
-            self._producer,
-            config.queue_topic,
-            config.marker_topic,
-            self._partitions_of,
-            config.request_timeout_ms / 1000,
-        )
-        self._membership = HeartbeatGuard(self._kc, config.session_timeout_ms)
 
     # -- control ----------------------------------------------------------------------
 
@@ -166,6 +167,7 @@ class Tracker:
             for record in batch:
                 state.on_record(record.offset, record.value, now)
         self._sync_offsets()
+        self._probe()
         self._redeliver()
         self._commit(force=False)
         self._log_stats()
@@ -173,12 +175,17 @@ class Tracker:
     def _sync_offsets(self) -> None:
         for partition, state in list(self._states.items()):
             tp = TopicPartition(self.config.marker_topic, partition)
+            try:
+                position = self._kc.position(tp)
+            except KafkaError as exc:
+                log.warning("partition %d: position unknown yet (%r)", partition, exc)
+                continue
             if state.position is None:
-                try:
-                    state.set_position(self._kc.position(tp))
-                except KafkaError as exc:
-                    log.warning("partition %d: position unknown yet (%r)", partition, exc)
-                    continue
+                state.set_position(position)
+            elif partition not in self._fresh:
+                # Past the last record it handed us: transaction markers (every redelivery
+                # round ends with one) take offsets too.
+                state.skip_to(position)
             if state.end_offset is None:
                 highwater = self._kc.highwater(tp)
                 if highwater is not None:
@@ -191,21 +198,38 @@ class Tracker:
             log.info("caught up on partitions %s", self.partitions())
             self._caught_up.set()
 
+    def _probe(self) -> None:
+        """Where a deadline has passed by the clock but not yet by the log, write a PROBE
+        to the partition: once it is read back, everything written before it has been
+        read, and only then are those deadlines acted on (a tracker that fell behind its
+        markers never redelivers a message whose END it has not read yet)."""
+        now = time.monotonic()
+        for partition, state in list(self._states.items()):
+            if state.probe_needed(now):
+                entry = state.probe(now)
+                try:
+                    self._producer.send(
+                        self.config.marker_topic,
+                        value=encode_entries([entry], []),
+                        partition=partition,
+                    )
+                except KafkaError as exc:
+                    log.warning("markers partition %d: probe not sent (%r)", partition, exc)
+
     def _redeliver(self) -> None:
         now = time.monotonic()
         if not self._pauses.caught_up.is_set():
             return  # copies go where the queue's layout says: know it first
-        if not self._membership.current(now):
-            return
         budget = self.config.max_redeliveries_per_round
         due: list[Due] = []
-        for state in self._states.values():
+        for partition, state in self._states.items():
             if len(due) >= budget:
                 break
+            if self._writers.get(partition) is None and not self._writers.claim(partition):
+                continue  # not fenced in yet: it must not redeliver from this partition
             due.extend(state.due(now, budget - len(due)))
         if not due:
             return
-        copies: list[Copy] = []
         try:
             result = self._records.read(due)
         except KafkaError as exc:
@@ -227,46 +251,59 @@ class Tracker:
                         "reached in time", len(result.waiting))  # fmt: skip
             for d in result.waiting:
                 self._failed(d)
+        by_partition: dict[int, list[Copy]] = {}
         for d in due:
             record = result.found.get(d.key)
             if record is not None:
                 copy = copy_of(d, record)
                 if not self._held_by_pause(copy, now):
-                    copies.append(copy)
-        if not copies:
+                    by_partition.setdefault(d.marker_partition, []).append(copy)
+        for partition, copies in by_partition.items():
+            self._redeliver_partition(partition, copies)
+
+    def _redeliver_partition(self, partition: int, copies: list[Copy]) -> None:
+        """One transaction: the copies, their markers, and the commit that skips them."""
+        state = self._states.get(partition)
+        txn = self._writers.get(partition)
+        if state is None or txn is None:
             return
-        if self._txn is not None:
-            outcomes = self._redeliver_in_transaction(copies, self._txn)
-        else:
-            outcomes = self._redeliverer.plainly(copies)
-        for outcome in outcomes:
-            if outcome.written:
-                self._done(outcome.copy)
-            else:
-                self._failed(outcome.copy.due)
-
-    def _redeliver_in_transaction(self, copies: list[Copy], txn: KafkaProducer) -> list[Outcome]:
-        settled: dict[int, list[int]] = {}
+        offset = state.commit_offset(c.due.start_offset for c in copies)
+        tp = TopicPartition(self.config.marker_topic, partition)
+        offsets = {tp: OffsetAndMetadata(offset, "", -1)} if offset is not None else {}
+        try:
+            outcome = self._redeliverer.round(txn, copies, offsets, self._kc.group_metadata())
+        except KafkaError as exc:  # the layout could not be read, say
+            log.warning("markers partition %d: redelivery not started (%r)", partition, exc)
+            outcome = RoundOutcome(False)
+        if outcome.fenced:
+            self._fenced(partition)
+            return
+        if not outcome.written:
+            for copy in copies:
+                self._failed(copy.due)
+            return
+        if offset is not None:
+            self._committed[partition] = offset
         for copy in copies:
-            settled.setdefault(copy.due.marker_partition, []).append(copy.due.start_offset)
-        offsets: dict[TopicPartition, OffsetAndMetadata] = {}
-        for partition, starts in settled.items():
-            state = self._states.get(partition)
-            offset = state.commit_offset(starts) if state is not None else None
-            if offset is not None:
-                tp = TopicPartition(self.config.marker_topic, partition)
-                offsets[tp] = OffsetAndMetadata(offset, "", -1)
-        outcomes = self._redeliverer.in_transaction(
-            txn, copies, offsets, self._kc.group_metadata()
-        )
-        if outcomes and outcomes[0].written:
-            for tp, meta in offsets.items():
-                self._committed[tp.partition] = meta.offset
-        return outcomes
+            self._done(copy)
 
-    def _partitions_of(self, queue: str) -> tuple[int, ...]:
-        """Where ``queue``'s records go: its layout on the queue topic."""
-        topic = self.config.queue_topic
+    def _fenced(self, partition: int) -> None:
+        """Another replica claimed the partition since this one did: this one is a zombie
+        for it (frozen past its session, most likely). Forget it; the group will tell."""
+        log.warning(
+            "markers partition %d: fenced by a newer owner; dropping it without redelivering",
+            partition,
+        )
+        state = self._states.pop(partition, None)
+        if state is not None:
+            state.stats["fenced"] += 1
+            self._retired.update(state.stats)
+        self._writers.release(partition)
+        self._committed.pop(partition, None)
+        self._fresh.discard(partition)
+
+    def _partitions_of(self, topic: str, queue: str) -> tuple[int, ...]:
+        """Where ``queue``'s records go on ``topic``: its layout there."""
         actual = len(self._reader.partitions_for_topic(topic) or ())
         if not actual:
             raise KafkaError(f"topic {topic} has no partitions")
@@ -343,10 +380,8 @@ class Tracker:
                 self._reader.close()
                 self._pauses.close()
             finally:
-                self._producer.flush(timeout=self.config.request_timeout_ms / 1000)
                 self._producer.close(timeout=5)
-                if self._txn is not None:
-                    self._txn.close(timeout=5)
+                self._writers.close()
         log.info("stopped: %s", " ".join(f"{k}={v}" for k, v in sorted(self.stats().items())))
 
     # -- rebalance --------------------------------------------------------------------
@@ -370,6 +405,7 @@ class Tracker:
             state = self._states.pop(partition)
             self._retired.update(state.stats)
             self._committed.pop(partition, None)
+            self._writers.release(partition)
         self._caught_up.clear()
         log.info("revoked partitions %s", sorted(partitions))
 
@@ -378,8 +414,14 @@ class Tracker:
             if partition in self._states:
                 continue
             state = self._states[partition] = PartitionState(
-                partition, default_lease_s=self.config.default_redelivery_timeout_s
+                partition,
+                default_lease_s=self.config.default_redelivery_timeout_s,
+                probe_nonce=self._nonce,
             )
+            # Claim it before anything else: from here on a previous owner's redeliveries
+            # from this partition are refused (if the broker cannot be reached now, the
+            # claim is retried before this replica's first redelivery from it).
+            self._writers.claim(partition)
             # Replay exactly from the committed offset, whatever was fetched before.
             committed = self._kc.committed(TopicPartition(self.config.marker_topic, partition))
             if committed is not None:

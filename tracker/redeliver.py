@@ -1,5 +1,5 @@
-"""Redelivering: what copy a due delivery becomes (pure), and writing copies and their
-markers (plainly or in one transaction), reporting each one's outcome."""
+"""Redelivering: what copy a due delivery becomes (pure), and writing a markers partition's
+copies and their markers in one fenced transaction, reporting how it ended."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kafka import KafkaProducer, TopicPartition
+from kafka import TopicPartition
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
-from kmq.markers import MAX_ATTEMPT, QUEUE_LANE, MarkerType, encode_entries
+from kmq.markers import MAX_ATTEMPT, QUEUE_LANE, RETRY_LANE, MarkerType, encode_entries
 from kmq.policy import DEAD_LETTER_SUFFIX
 from kmq.records import dead_letter_headers, parse_queue_headers, queue_headers, split_key
+from tracker.fencing import is_fenced
 from tracker.reread import Record
 from tracker.state import Due
 
@@ -67,57 +68,66 @@ def copy_of(due: Due, record: Record) -> Copy:
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
-    copy: Copy
+class RoundOutcome:
+    """How one markers partition's redelivery transaction ended."""
+
     written: bool
-    """The copy is on the broker: the delivery is done, whether its marker made it or not
-    (without the marker, a restarted tracker may redeliver it once more)."""
+    """All of its copies, their markers and the offset commit are on the broker."""
+    fenced: bool = False
+    """The broker refused it: another replica has claimed the partition since."""
 
 
 class Redeliverer:
-    """Writes copies to the queue topic and their REDELIVERED / DEAD_LETTERED markers.
+    """Writes a markers partition's due copies (to the retry topic, ahead of any backlog on
+    the queue topic), dead letters (to the queue topic, as the dead-letter queue's own
+    records), their REDELIVERED / DEAD_LETTERED markers and the markers-offset commit that
+    skips them, all in one transaction of that partition's producer.
 
-    ``partitions(queue)`` gives the partitions a queue's records go to (its layout); a copy
-    stays on its original partition when that is one of them.
+    ``partitions(topic, queue)`` gives the partitions a queue's records go to on a topic
+    (its layout). A copy of a retry-lane record stays on its partition when it can.
     """
 
     def __init__(
         self,
-        producer: KafkaProducer,
         queue_topic: str,
+        retry_topic: str | None,
         marker_topic: str,
-        partitions: Callable[[str], tuple[int, ...]],
-        timeout_s: float,
+        partitions: Callable[[str, str], tuple[int, ...]],
     ) -> None:
-        self._producer = producer
         self._queue_topic = queue_topic
+        self._retry_topic = retry_topic
         self._marker_topic = marker_topic
         self._partitions = partitions
-        self._timeout_s = timeout_s
 
-    def _target(self, copy: Copy) -> int:
-        choices = self._partitions(copy.destination)
+    def target(self, copy: Copy) -> tuple[str, int]:
+        """Topic and partition a copy (or dead letter) goes to."""
+        if copy.dead_letter_queue is None and self._retry_topic is not None:
+            topic, lane_here = self._retry_topic, RETRY_LANE
+        else:
+            topic, lane_here = self._queue_topic, QUEUE_LANE
+        choices = self._partitions(topic, copy.destination)
         lane, partition, offset = split_key(copy.due.key)
-        if lane == QUEUE_LANE and partition in choices:
-            return partition
-        return choices[offset % len(choices)]
+        if lane == lane_here and partition in choices:
+            return topic, partition
+        return topic, choices[offset % len(choices)]
 
-    def send_copy(self, producer: KafkaProducer, copy: Copy) -> Any:
+    def send_copy(self, producer: Any, copy: Copy) -> Any:
         if copy.dead_letter_queue is None:
             headers = queue_headers(copy.message_id, copy.attempt, copy.headers)
         else:
             headers = dead_letter_headers(
                 copy.message_id, copy.queue, copy.attempt, copy.due.reason, copy.headers
             )
+        topic, partition = self.target(copy)
         return producer.send(
-            self._queue_topic,
+            topic,
             key=copy.destination.encode(),
             value=copy.payload,
             headers=headers,
-            partition=self._target(copy),
+            partition=partition,
         )
 
-    def send_marker(self, producer: KafkaProducer, copy: Copy) -> Any:
+    def send_marker(self, producer: Any, copy: Copy) -> Any:
         kind = _REDELIVERED if copy.dead_letter_queue is None else _DEAD_LETTERED
         lane, partition, offset = split_key(copy.due.key)
         text = copy.due.reason.encode()
@@ -130,44 +140,13 @@ class Redeliverer:
             partition=copy.due.marker_partition,
         )
 
-    def plainly(self, copies: list[Copy]) -> list[Outcome]:
-        """Copies first; a copy's marker only once the broker holds the copy."""
-        futures = []
-        outcomes: list[Outcome] = []
-        for copy in copies:
-            try:
-                futures.append((copy, self.send_copy(self._producer, copy)))
-            except KafkaError as exc:
-                log.warning("redelivery of %s failed (%r); retrying", copy.message_id, exc)
-                outcomes.append(Outcome(copy, False))
-        markers = []
-        for copy, future in futures:
-            try:
-                future.get(timeout=self._timeout_s)
-            except KafkaError as exc:
-                log.warning("redelivery of %s failed (%r); retrying", copy.message_id, exc)
-                outcomes.append(Outcome(copy, False))
-                continue
-            try:
-                markers.append((copy, self.send_marker(self._producer, copy)))
-            except KafkaError as exc:
-                log.error("marker for %s not written (%r)", copy.message_id, exc)
-                outcomes.append(Outcome(copy, True))
-        for copy, future in markers:
-            try:
-                future.get(timeout=self._timeout_s)
-            except KafkaError as exc:
-                log.error("marker for %s not written (%r)", copy.message_id, exc)
-            outcomes.append(Outcome(copy, True))
-        return outcomes
-
-    def in_transaction(
+    def round(
         self,
-        txn: KafkaProducer,
+        txn: Any,
         copies: list[Copy],
         offsets: Mapping[TopicPartition, OffsetAndMetadata],
         group_metadata: Any,
-    ) -> list[Outcome]:
+    ) -> RoundOutcome:
         """Copies, their markers and the markers-offset commit that skips them: all or none."""
         try:
             txn.begin_transaction()
@@ -178,8 +157,10 @@ class Redeliverer:
                 txn.send_offsets_to_transaction(dict(offsets), group_metadata)
             txn.commit_transaction()
         except KafkaError as exc:
+            if is_fenced(exc):
+                return RoundOutcome(False, fenced=True)
             log.warning("redelivery transaction failed (%r); retrying", exc)
             with contextlib.suppress(KafkaError):
                 txn.abort_transaction()
-            return [Outcome(copy, False) for copy in copies]
-        return [Outcome(copy, True) for copy in copies]
+            return RoundOutcome(False)
+        return RoundOutcome(True)

@@ -68,6 +68,10 @@ _START = int(MarkerType.START)
 _KEEPALIVE = int(MarkerType.KEEPALIVE)
 _NACK = int(MarkerType.NACK)
 _RELEASE = int(MarkerType.RELEASE)
+_REJECT = int(MarkerType.REJECT)
+_PROBE = int(MarkerType.PROBE)
+PROBE_RETRY_S = 1.0
+"""A probe not read back within this long is sent again (it may have been lost)."""
 _SETTLED = frozenset(
     int(t) for t in (MarkerType.END, MarkerType.REDELIVERED, MarkerType.DEAD_LETTERED)
 )
@@ -84,9 +88,19 @@ class PartitionState:
     :meth:`commit_offset`.
     """
 
-    def __init__(self, partition: int, *, default_lease_s: float = 30.0) -> None:
+    def __init__(
+        self, partition: int, *, default_lease_s: float = 30.0, probe_nonce: int | None = None
+    ) -> None:
         self.partition = partition
         self.default_lease_s = default_lease_s
+        self.probe_nonce = probe_nonce
+        """This tracker's own mark on the PROBE markers it writes; ``None``: no probes (a
+        deadline is due by the clock alone)."""
+        self.horizon = float("inf") if probe_nonce is None else float("-inf")
+        """The send time of the newest own PROBE read back: every marker written before then
+        has been read, so deadlines up to it are decided by the log, not by how fast this
+        tracker reads it."""
+        self._probe_sent_at: float | None = None
         self.position: int | None = None
         """Offset of the next marker to read."""
         self.end_offset: int | None = None
@@ -103,6 +117,12 @@ class PartitionState:
     def set_position(self, offset: int) -> None:
         """Where reading starts (the committed offset); later calls are ignored."""
         if self.position is None:
+            self.position = offset
+
+    def skip_to(self, offset: int) -> None:
+        """The consumer's position moved past records it does not hand out (a transaction's
+        commit or abort marker, aborted records): the partition has been read up to here."""
+        if self.position is not None and offset > self.position:
             self.position = offset
 
     def set_end_offset(self, end: int) -> None:
@@ -129,6 +149,9 @@ class PartitionState:
         if len(entries) > 1:
             self.stats["batch"] += 1
         for entry, text in zip(entries, texts, strict=True):
+            if entry[0] == _PROBE:
+                self._on_probe(entry)
+                continue
             problem = check_entry(entry)
             if problem is None and not fits_key(entry[2], entry[3]):
                 problem = f"it names an impossible record {entry[2]}:{entry[3]}"
@@ -168,6 +191,11 @@ class PartitionState:
             inflight.attempt_step = 0
             inflight.reason = text.decode("utf-8", "replace") or "released"
             self._reschedule(inflight, now)
+        elif kind == _REJECT:
+            # Dead-letter now: out of attempts whatever attempt it is on.
+            inflight.attempt_step, inflight.max_attempts = 1, 1
+            inflight.reason = text.decode("utf-8", "replace") or "rejected"
+            self._reschedule(inflight, now)
 
     def redelivered(self, key: int, *, dead_lettered: bool = False) -> None:
         """The new copy (or dead letter) and its marker are on the broker: forget the delivery."""
@@ -194,14 +222,16 @@ class PartitionState:
     # -- outputs ----------------------------------------------------------------------
 
     def due(self, now: float, limit: int = 1000) -> list[Due]:
-        """Redeliveries whose deadline has passed; none while replaying."""
+        """Redeliveries whose deadline has passed, by the clock and by the log (see
+        :attr:`horizon`); none while replaying."""
         if self.replaying:
             return []
         out: list[Due] = []
         deadlines = self._deadlines
+        cutoff = min(now, self.horizon)
         while deadlines and len(out) < limit:
             inflight = deadlines[0]
-            if inflight.deadline > now:
+            if inflight.deadline > cutoff:
                 break
             del deadlines[0]
             inflight.redelivering = True
@@ -217,6 +247,35 @@ class PartitionState:
                 )
             )
         return out
+
+    def probe_needed(self, now: float) -> bool:
+        """Whether a deadline has passed by the clock but not yet by the log, and no probe
+        is on its way: then write :meth:`probe` and redeliver once it is read back."""
+        if self.probe_nonce is None or self.replaying or not self._deadlines:
+            return False
+        first = float(self._deadlines[0].deadline)
+        if first > now or first <= self.horizon:
+            return False
+        sent = self._probe_sent_at
+        return sent is None or now - sent >= PROBE_RETRY_S or sent < first
+
+    def probe(self, now: float) -> Entry:
+        """The PROBE marker to write to this partition now (its send time in whole ms,
+        rounded down, so the horizon never runs ahead of the truth)."""
+        if self.probe_nonce is None:
+            raise ValueError("this state writes no probes")
+        self._probe_sent_at = now
+        self.stats["probe_sent"] += 1
+        return (_PROBE, 0, self.partition, max(0, int(now * 1000)), self.probe_nonce, 0, 0, 0)
+
+    def _on_probe(self, entry: Entry) -> None:
+        if self.probe_nonce is not None and entry[4] == self.probe_nonce:
+            self.stats["probe_read"] += 1
+            self.horizon = max(self.horizon, entry[3] / 1000)
+            if self._probe_sent_at is not None and entry[3] >= int(self._probe_sent_at * 1000):
+                self._probe_sent_at = None
+        else:
+            self.stats["foreign_probe"] += 1
 
     def next_deadline(self) -> float | None:
         return float(self._deadlines[0].deadline) if self._deadlines else None

@@ -21,6 +21,9 @@ from pyspark.sql import functions as F
 from kmq.audit import transforms as T
 from kmq.audit.progress import Progress
 from kmq.audit.summary import build_summary, choose_bucket_ms
+from kmq.config import retry_topic_for
+from kmq.errors import BrokerError
+from kmq.markers import QUEUE_LANE, RETRY_LANE
 from kmq.spark.columns import marker_type_name
 from kmq.spark.kafka_io import partition_bounds
 from kmq.spark.options import kafka_settings
@@ -38,6 +41,8 @@ class AuditConfig:
     output: Path
     queue_topic: str = "kmq.queue"
     marker_topic: str = "kmq.markers"
+    retry_topic: str = ""
+    """Where the tracker writes redelivered copies (default ``<queue_topic>.retry``)."""
     queues: tuple[str, ...] = ()
     """Only these logical queues (all when empty)."""
     max_records_per_split: int = 100_000
@@ -148,6 +153,11 @@ def run_audit(
                 config.bootstrap_servers, config.marker_topic, settings
             )
             queue_bounds = partition_bounds(config.bootstrap_servers, config.queue_topic, settings)
+            retry_topic = config.retry_topic or retry_topic_for(config.queue_topic)
+            try:
+                retry_bounds = partition_bounds(config.bootstrap_servers, retry_topic, settings)
+            except BrokerError:  # no retry topic (kmq 0.1): copies are on the queue topic
+                retry_bounds = {}
             as_of_ms = int(time.time() * 1000)
         say(
             f"      {sum(hi - lo for lo, hi in queue_bounds.values()):,} queue records, "
@@ -157,8 +167,13 @@ def run_audit(
             spark, config, "markers", config.marker_topic, marker_bounds, T.MARKER_COLUMNS
         ).persist(keep)
         records = T.queue_records(
-            _read(spark, config, "queue", config.queue_topic, queue_bounds, T.RECORD_COLUMNS)
-        ).persist(keep)
+            _read(spark, config, "queue", config.queue_topic, queue_bounds, T.RECORD_COLUMNS),
+            QUEUE_LANE,
+        )
+        if retry_bounds:
+            copies = _read(spark, config, "queue", retry_topic, retry_bounds, T.RECORD_COLUMNS)
+            records = records.unionByName(T.queue_records(copies, RETRY_LANE))
+        records = records.persist(keep)
 
         with progress.step("read the markers", "read_markers"):
             marker_types = [

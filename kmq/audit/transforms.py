@@ -25,18 +25,18 @@ from kmq.markers import MarkerType
 
 START, KEEPALIVE, END = MarkerType.START, MarkerType.KEEPALIVE, MarkerType.END
 NACK, RELEASE, REDELIVERED = MarkerType.NACK, MarkerType.RELEASE, MarkerType.REDELIVERED
-DEAD_LETTERED = MarkerType.DEAD_LETTERED
+DEAD_LETTERED, REJECT, PROBE = MarkerType.DEAD_LETTERED, MarkerType.REJECT, MarkerType.PROBE
 
-SETTLING = (END, NACK, RELEASE, REDELIVERED, DEAD_LETTERED)
+SETTLING = (END, NACK, RELEASE, REJECT, REDELIVERED, DEAD_LETTERED)
 """Marker types that end a delivery (KEEPALIVE and unknown types do not)."""
-GIVEBACK = (NACK, RELEASE)
+GIVEBACK = (NACK, RELEASE, REJECT)
 INVALID = -1
 """The ``type_id`` :func:`marker_type_counts` gives markers that could not be decoded."""
 
 STATUSES = ("acked", "dead_lettered", "in_flight", "pending", "awaiting_redelivery", "lost")
 """Every sent message is in exactly one of these (see :func:`messages` for the rules)."""
 
-CAUSES = {NACK: "nacked", RELEASE: "released"}
+CAUSES = {NACK: "nacked", RELEASE: "released", REJECT: "rejected"}
 LEASE_EXPIRED = "lease_expired"
 
 EXACT_BELOW_MS = 1000
@@ -55,6 +55,7 @@ MARKER_COLUMNS = (
     "marker_offset",
     "timestamp",
     "type_id",
+    "lane",
     "queue",
     "partition",
     "offset",
@@ -70,9 +71,11 @@ def _is(*types: MarkerType) -> Column:
     return F.col("type_id").isin(*[int(t) for t in types])
 
 
-def queue_records(records: DataFrame) -> DataFrame:
-    """The queue-record columns the audit uses; ``dead_letter`` marks dead-letter copies."""
+def queue_records(records: DataFrame, lane: int = 0) -> DataFrame:
+    """The queue-record columns the audit uses, for records of one lane (0: the queue topic,
+    1: the retry topic); ``dead_letter`` marks dead-letter copies."""
     return records.select(
+        F.lit(lane).alias("lane"),
         "partition",
         "offset",
         "timestamp",
@@ -99,8 +102,12 @@ def marker_type_counts(markers: DataFrame) -> DataFrame:
 
 
 def delivery_markers(markers: DataFrame) -> DataFrame:
-    """One row per delivered queue record ``(partition, offset)`` that has valid markers."""
-    m = markers.where(F.col("error").isNull() & F.col("type_id").isNotNull()).select(
+    """One row per delivered record ``(lane, partition, offset)`` that has valid markers
+    (PROBE markers name no record)."""
+    m = markers.where(
+        F.col("error").isNull() & F.col("type_id").isNotNull() & (F.col("type_id") != int(PROBE))
+    ).select(
+        F.coalesce(F.col("lane"), F.lit(0)).alias("lane"),
         "partition",
         "offset",
         "type_id",
@@ -114,7 +121,7 @@ def delivery_markers(markers: DataFrame) -> DataFrame:
     )
     start, redelivered = _is(START), _is(REDELIVERED)
     giveback, settling = _is(*GIVEBACK), _is(*SETTLING)
-    return m.groupBy("partition", "offset").agg(
+    return m.groupBy("lane", "partition", "offset").agg(
         F.max("m_queue").alias("m_queue"),
         F.max("m_message_id").alias("m_message_id"),
         F.max(F.when(start, F.col("m_attempt"))).alias("m_attempt"),
@@ -142,13 +149,14 @@ def deliveries(records: DataFrame, markers: DataFrame) -> DataFrame:
     """One row per queue record (``records`` from :func:`queue_records`), plus one per
     record that only markers name.
 
-    Columns: queue, message_id, partition, offset, attempt, on_queue, dead_letter (a
+    Columns: queue, message_id, lane, partition, offset, attempt, on_queue, dead_letter (a
     dead-letter copy), sent_ms, starts, first_start_ms, end_ms, lease_until_ms, open
     (started, not settled since its last START), nacks, releases, dead_lettered,
     redelivered_ms, redelivered_pos, redelivery_reason, redelivery_cause, last_start_pos,
     last_settle_type, processing_ms (START to END), wait_ms (on the queue topic until START).
     """
     r = records.select(
+        "lane",
         "partition",
         "offset",
         "queue",
@@ -158,19 +166,22 @@ def deliveries(records: DataFrame, markers: DataFrame) -> DataFrame:
         F.unix_millis("timestamp").alias("sent_ms"),
         F.lit(True).alias("on_queue"),
     )
-    d = r.join(delivery_markers(markers), ["partition", "offset"], "full_outer")
+    d = r.join(delivery_markers(markers), ["lane", "partition", "offset"], "full_outer")
     starts = F.coalesce(F.col("starts"), F.lit(0))
     cause = (
         F.when(F.col("redelivered_pos").isNull(), F.lit(None))
         .when(
             F.col("giveback_pos") < F.col("redelivered_pos"),
-            F.when(F.col("giveback_type") == int(NACK), CAUSES[NACK]).otherwise(CAUSES[RELEASE]),
+            F.when(F.col("giveback_type") == int(NACK), CAUSES[NACK])
+            .when(F.col("giveback_type") == int(REJECT), CAUSES[REJECT])
+            .otherwise(CAUSES[RELEASE]),
         )
         .otherwise(F.lit(LEASE_EXPIRED))
     )
     return d.select(
         F.coalesce("queue", "m_queue", F.lit("")).alias("queue"),
         F.coalesce("message_id", "m_message_id").alias("message_id"),
+        "lane",
         "partition",
         "offset",
         F.coalesce("attempt", "m_attempt").alias("attempt"),

@@ -80,7 +80,13 @@ PLAUSIBLE_SLACK_S = 5.0
 """How far outside an incarnation's lifetime a START's corrected time may fall and still be
 attributed to it (process start-up and the write-to-ledger lag)."""
 
-Delivery = tuple[int, int]
+Delivery = tuple[int, int, int]
+"""(lane, partition, offset): lane 0 is the queue topic, 1 the retry topic."""
+
+
+def where(marker: Marker) -> Delivery:
+    """The delivery a marker is about."""
+    return (marker.lane, marker.partition, marker.offset)
 
 
 @dataclass
@@ -171,7 +177,7 @@ def read_ledgers(directory: Path, incarnations: Iterable[Incarnation]) -> Ledger
                             event["id"],
                             event["q"],
                             event["a"],
-                            (event["p"], event["o"]),
+                            (event.get("l", 0), event["p"], event["o"]),
                         )
                     )
     return ledgers
@@ -244,15 +250,19 @@ class QueueLog:
         self.names: dict[Delivery, str] = {}
         """Message id by record, for naming markers."""
 
-    def add(self, record: Any) -> None:
+    def add(self, record: Any, lane: int = 0) -> None:
         message_id, attempt, _ = parse_queue_headers(record.headers)
         if message_id is not None:
-            self.names[(record.partition, record.offset)] = message_id
+            self.names[(lane, record.partition, record.offset)] = message_id
             self.records.append(
                 QueueRecord(
                     record.partition, record.offset, record.timestamp / 1000, message_id, attempt
                 )
             )
+
+    def add_copy(self, record: Any) -> None:
+        """A record of the retry topic."""
+        self.add(record, 1)
 
 
 class MarkerLog:
@@ -276,12 +286,15 @@ class MarkerLog:
             self.undecodable += 1
             return
         for marker in markers:
-            self._unnamed.append((record.partition, record.offset, record.timestamp / 1000, marker))
+            if marker.type is not MarkerType.PROBE:  # a tracker's own; it names no record
+                self._unnamed.append(
+                    (record.partition, record.offset, record.timestamp / 1000, marker)
+                )
 
     def resolve(self, queue: QueueLog) -> None:
         still: list[tuple[int, int, float, Marker]] = []
         for partition, offset, ts, marker in self._unnamed:
-            message_id = marker.message_id or queue.names.get(marker.delivery)
+            message_id = marker.message_id or queue.names.get(where(marker))
             if message_id is None:
                 still.append((partition, offset, ts, marker))
                 continue
@@ -425,7 +438,7 @@ def _check_skew(report: Report, ledgers: Ledgers, markers: MarkerLog, queue: Que
             acked[e.id, e.delivery].append(e.t)
     ahead = behind = 0
     for r in markers.records:
-        key = (r.message_id, (r.marker.partition, r.marker.offset))
+        key = (r.message_id, where(r.marker))
         if r.marker.type is MarkerType.START:
             sent = ledgers.sent.get(r.message_id)
             lo = None if sent is None else sent - SEND_WINDOW_S
@@ -462,7 +475,7 @@ def _check_redeliveries(
     nacked: set[tuple[str, Delivery]] = set()
     redelivered: list[MarkerRecord] = []
     for record in markers.records:
-        key = (record.message_id, record.marker.delivery)
+        key = (record.message_id, where(record.marker))
         if record.marker.type in WORKER_MARKER_TYPES:
             marks[key].append(record)
         if record.marker.type is MarkerType.START:
@@ -481,7 +494,7 @@ def _check_redeliveries(
     checker = _Explainer(run, workers)
     for record in sorted(redelivered, key=lambda r: r.timestamp_s):
         marker = record.marker
-        key = (record.message_id, marker.delivery)
+        key = (record.message_id, where(marker))
         at = record.timestamp_s
         events = by_delivery.get(key, [])
         if key in first_redelivery:
@@ -493,7 +506,7 @@ def _check_redeliveries(
             else:
                 report.causes["unexplained"] += 1
                 report.unexplained.append(
-                    f"{record.message_id} {marker.delivery}: redelivered again at {at:.3f} "
+                    f"{record.message_id} {where(marker)}: redelivered again at {at:.3f} "
                     f"(first at {previous:.3f}) with no tracker kill or fault in between"
                 )
             continue
@@ -504,13 +517,13 @@ def _check_redeliveries(
                 report.causes["nacked"] += 1
             else:
                 report.causes["unexplained"] += 1
-                report.unexplained.append(f"{record.message_id} {marker.delivery}: nack unknown")
+                report.unexplained.append(f"{record.message_id} {where(marker)}: nack unknown")
             continue
         if marker.reason.startswith("released"):
             # Only Consumer.close() releases, and chaos workers never close their consumers.
             report.causes["unexplained"] += 1
             report.unexplained.append(
-                f"{record.message_id} {marker.delivery}: released ({marker.reason})"
+                f"{record.message_id} {where(marker)}: released ({marker.reason})"
             )
             continue
         # The lease expired: was it early, and why did it expire? Holders are the workers that
@@ -525,14 +538,14 @@ def _check_redeliveries(
             report.unattributed_starts += 1
         elif at - start_at < run.lease_s - TIMESTAMP_SLACK_S:
             report.early.append(
-                f"{record.message_id} {marker.delivery}: redelivered {at - start_at:.3f} s "
+                f"{record.message_id} {where(marker)}: redelivered {at - start_at:.3f} s "
                 f"after its START was written (lease {run.lease_s} s)"
             )
         cause, killed_at = checker.cause(events, holders, marks.get(key, []), at)
         report.causes[cause] += 1
         if cause in ("unexplained", "tracker_lag", "holder_silent"):
             (report.unexplained if cause == "unexplained" else report.overload).append(
-                f"{cause}: {record.message_id} {marker.delivery}: lease expired at {at:.3f}, "
+                f"{cause}: {record.message_id} {where(marker)}: lease expired at {at:.3f}, "
                 f"holders {[h.name for h in holders]} alive, no fault overlapped the lease; "
                 f"ledger: {[(e.kind, e.worker, round(e.t, 3)) for e in events]}"
             )

@@ -118,6 +118,7 @@ def run_worker(args: argparse.Namespace) -> None:
                     "id": message.id,
                     "q": message.queue,
                     "a": message.attempt,
+                    "l": message.lane,
                     "p": message.partition,
                     "o": message.offset,
                 }

@@ -50,6 +50,7 @@ from pathlib import Path
 import pytest
 
 import kmq
+from kmq.config import retry_topic_for
 from kmq.embedded import EmbeddedBroker
 from kmq.topics import ensure_topics
 from tests.chaos.ledger import (
@@ -444,7 +445,10 @@ def test_chaos(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
         stack.callback(marker_tail.close)
         queue_tail = TopicTail(bootstrap, QUEUE_TOPIC)
         stack.callback(queue_tail.close)
-        _drain(params, sent, (marker_tail, queue_tail), (markers, queue_log), cluster, say)
+        retry_tail = TopicTail(bootstrap, retry_topic_for(QUEUE_TOPIC))
+        stack.callback(retry_tail.close)
+        tails = (marker_tail, queue_tail, retry_tail)
+        _drain(params, sent, tails, (markers, queue_log), cluster, say)
         drained_in = time.time() - chaos_ended
 
         # -- stop everything, then read the final state ------------------------------------
@@ -453,8 +457,9 @@ def test_chaos(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
         cluster.reap()
         marker_tail.refresh()  # the last markers were written after its last fetch
         marker_tail.read_to_end(markers.add, timeout_s=120)
-        queue_tail.refresh()
-        queue_tail.read_to_end(queue_log.add, timeout_s=120)  # after the markers: see resolve
+        for tail, add in ((queue_tail, queue_log.add), (retry_tail, queue_log.add_copy)):
+            tail.refresh()
+            tail.read_to_end(add, timeout_s=120)  # after the markers: see MarkerLog.resolve
         markers.resolve(queue_log)
         ledgers = read_ledgers(ledger_dir, cluster.incarnations)
         run = RunLog(
@@ -511,7 +516,7 @@ def _respawn_crashed(cluster: Cluster, say: Callable[[str], None]) -> None:
 def _drain(
     params: Params,
     sent: dict[str, float],
-    tails: tuple[TopicTail, TopicTail],
+    tails: tuple[TopicTail, TopicTail, TopicTail],
     logs: tuple[MarkerLog, QueueLog],
     cluster: Cluster,
     say: Callable[[str], None],
@@ -524,11 +529,12 @@ def _drain(
     stuck_at = started + params.drain_s
     next_progress = started + 30
     missing = len(sent)
-    marker_tail, queue_tail = tails
+    marker_tail, queue_tail, retry_tail = tails
     markers, queue_log = logs
     while True:
         marker_tail.read_to_end(markers.add, timeout_s=60)
         queue_tail.read_to_end(queue_log.add, timeout_s=60)  # names what was just read
+        retry_tail.read_to_end(queue_log.add_copy, timeout_s=60)
         markers.resolve(queue_log)
         still = len(sent.keys() - markers.settled)
         if still < missing:

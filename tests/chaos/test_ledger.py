@@ -23,7 +23,7 @@ from tests.chaos.roles import NACK_REASON
 LEASE_S = 2.0
 T0 = 1_800_000_000.0
 MID = "m" * 32
-RECORD = (1, 7)
+RECORD = (0, 1, 7)
 AHEAD_S, BEHIND_S = 300.0, -300.0
 
 
@@ -37,8 +37,8 @@ def marker(
     m = Marker(
         type=kind,
         queue="q0",
-        partition=RECORD[0],
-        offset=RECORD[1],
+        partition=RECORD[1],
+        offset=RECORD[2],
         message_id=MID,
         attempt=attempt,
         reason=reason,
@@ -47,7 +47,7 @@ def marker(
 
 
 def event(
-    kind: str, who: str, t: float, attempt: int = 1, where: tuple[int, int] = RECORD
+    kind: str, who: str, t: float, attempt: int = 1, where: tuple[int, int, int] = RECORD
 ) -> WorkerEvent:
     return WorkerEvent(kind, who, t, MID, "q0", attempt, where)
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import kmq
+from kmq.config import retry_topic_for
 from kmq.embedded import EmbeddedBroker
 from kmq.topics import ensure_topics
 from tests.functional.helpers import Children
@@ -41,6 +42,10 @@ class Topics:
     queue: str
     markers: str
     control: str
+
+    @property
+    def retry(self) -> str:
+        return retry_topic_for(self.queue)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

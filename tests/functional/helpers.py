@@ -19,7 +19,7 @@ from typing import Any
 from kafka import KafkaConsumer, TopicPartition
 
 from kmq.errors import MarkerDecodeError
-from kmq.markers import Marker, MarkerType, decode_all
+from kmq.markers import QUEUE_LANE, RETRY_LANE, Marker, MarkerType, decode_all
 from kmq.records import parse_queue_headers
 
 
@@ -179,16 +179,18 @@ def read_markers(
     bootstrap_servers: str, topics: Any, timeout_s: float = 10.0
 ) -> list[NamedMarker]:
     """Every decodable marker on ``topics.markers``, named after the record it is about
-    (read from ``topics.queue``)."""
-    names: dict[tuple[int, int], tuple[str, str]] = {}
-    for record in read_records(bootstrap_servers, topics.queue, timeout_s):
-        message_id, _, _ = parse_queue_headers(record.headers)
-        queue = (record.key or b"").decode("utf-8", "replace")
-        names[(record.partition, record.offset)] = (queue, message_id or "")
+    (read from ``topics.queue`` or, for the retry lane, ``topics.retry``)."""
+    names: dict[tuple[int, int, int], tuple[str, str]] = {}
+    for lane, topic in ((QUEUE_LANE, topics.queue), (RETRY_LANE, topics.retry)):
+        for record in read_records(bootstrap_servers, topic, timeout_s):
+            message_id, _, _ = parse_queue_headers(record.headers)
+            queue = (record.key or b"").decode("utf-8", "replace")
+            names[(lane, record.partition, record.offset)] = (queue, message_id or "")
     out: list[NamedMarker] = []
     for record in read_records(bootstrap_servers, topics.markers, timeout_s):
         with contextlib.suppress(MarkerDecodeError):
             for marker in decode_all(record.value):
-                queue, message_id = names.get(marker.delivery, ("", ""))
+                where = (marker.lane, marker.partition, marker.offset)
+                queue, message_id = names.get(where, ("", ""))
                 out.append(NamedMarker(marker, queue, message_id))
     return out

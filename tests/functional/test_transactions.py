@@ -1,36 +1,16 @@
-"""Transactional consumer mode and transactional redelivery."""
+"""Transactional consumer mode, with the tracker's transactional redelivery."""
 
 from __future__ import annotations
-
-import dataclasses
-import threading
-from collections.abc import Iterator
-
-import pytest
 
 import kmq
 from kmq.markers import MarkerType
 from tests.functional.conftest import Broker, Topics
 from tests.functional.helpers import read_markers, wait_until
-from tracker.config import TrackerConfig
 from tracker.daemon import Tracker
 
 
-@pytest.fixture
-def txn_tracker(tracker_config: TrackerConfig) -> Iterator[Tracker]:
-    tracker = Tracker(dataclasses.replace(tracker_config, transactional=True))
-    thread = threading.Thread(target=tracker.run, daemon=True)
-    thread.start()
-    try:
-        assert tracker.wait_caught_up(30), "tracker never caught up"
-        yield tracker
-    finally:
-        tracker.stop()
-        thread.join(timeout=30)
-
-
 def test_transactional_consumer_starts_and_commits_atomically(
-    broker: Broker, topics: Topics, service: kmq.Service, txn_tracker: Tracker
+    broker: Broker, topics: Topics, service: kmq.Service, tracker: Tracker
 ) -> None:
     q = service.queue("tx")
     producer = q.producer()
@@ -57,6 +37,6 @@ def test_transactional_consumer_starts_and_commits_atomically(
     assert len(starts) == 6
     redelivered = [m for m in markers if m.type is MarkerType.REDELIVERED]
     assert [m.message_id for m in redelivered] == [first.id]
-    wait_until(lambda: txn_tracker.stats()["end"] == 5, 10, "the ENDs to reach the tracker")
-    assert txn_tracker.stats()["redeliveries"] == 1
-    assert txn_tracker.stats()["in_flight"] == 0
+    wait_until(lambda: tracker.stats()["end"] == 5, 10, "the ENDs to reach the tracker")
+    assert tracker.stats()["redeliveries"] == 1
+    assert tracker.stats()["in_flight"] == 0

@@ -191,7 +191,7 @@ def test_marker_columns_of_version_2_markers() -> None:
     cols.extend(
         [
             _marker_record(0, encode_batch(batch)),
-            _marker_record(1, encode_entries([(9, 0, 1, 2, 1, 0, 0, 0)], [])),
+            _marker_record(1, encode_entries([(99, 0, 1, 2, 1, 0, 0, 0)], [])),
             _marker_record(2, b"\x02\x00"),
         ]
     )
@@ -225,7 +225,7 @@ def test_marker_columns_of_version_2_markers() -> None:
         "boom",
     )
     assert (nack["dead_letter_queue"], nack["error"]) == ("", None)
-    assert unknown["error"] == "unknown marker type 9" and unknown["type"] is None
+    assert unknown["error"] == "unknown marker type 99" and unknown["type"] is None
     assert "too short" in short["error"]
     filtered = MarkerColumns(to_arrow_schema(MARKERS_SCHEMA), queue="orders")
     filtered.extend([_marker_record(0, encode_batch(batch))])

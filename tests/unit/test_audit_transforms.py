@@ -57,7 +57,7 @@ class Log:
             else int(MarkerType[kind])
         )
         self.markers.append(
-            (moff, _ts(t), type_id, queue, 0, offset, mid, attempt, lease, reason, error)
+            (moff, _ts(t), type_id, 0, queue, 0, offset, mid, attempt, lease, reason, error)
         )
 
     def frames(self, spark: SparkSession) -> tuple[DataFrame, DataFrame]:

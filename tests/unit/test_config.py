@@ -57,8 +57,9 @@ def test_bootstrap_forms_accepted(servers: Any, expected: str) -> None:
         ("redelivery_timeout_s", 1),
         ("redelivery_timeout_s", MAX_REDELIVERY_TIMEOUT_S),
         ("redelivery_timeout_s", 0.001),
-        ("queue_topic", "a" * 249),
+        ("queue_topic", "a" * 243),  # and its default retry topic, "....retry", is 249
         ("queue_topic", "My_Queue.v2-x"),
+        ("retry_topic", "r" * 249),
         ("max_message_bytes", 1024),
         ("session_timeout_ms", 1000),
         ("create_topics", False),
@@ -67,6 +68,20 @@ def test_bootstrap_forms_accepted(servers: Any, expected: str) -> None:
 def test_service_config_boundary_values_accepted(field: str, value: Any) -> None:
     cfg = kmq.ServiceConfig(bootstrap_servers=BOOTSTRAP, **{field: value})
     assert getattr(cfg, field) == value
+
+
+@pytest.mark.parametrize("cls", [kmq.ServiceConfig, TrackerConfig])
+def test_retry_topic_defaults_to_the_queue_topics(cls: type) -> None:
+    assert cls(bootstrap_servers=BOOTSTRAP, queue_topic="orders").retry_topic == "orders.retry"
+    assert cls(bootstrap_servers=BOOTSTRAP, retry_topic="mine").retry_topic == "mine"
+
+
+@pytest.mark.parametrize("cls", [kmq.ServiceConfig, TrackerConfig])
+def test_a_queue_topic_too_long_for_a_default_retry_topic_says_so(cls: type) -> None:
+    with pytest.raises(kmq.ConfigError, match="retry_topic must be a topic name"):
+        cls(bootstrap_servers=BOOTSTRAP, queue_topic="a" * 249)
+    long = cls(bootstrap_servers=BOOTSTRAP, queue_topic="a" * 249, retry_topic="short")
+    assert long.retry_topic == "short"
 
 
 def test_redelivery_timeout_is_normalised_to_float() -> None:
@@ -136,10 +151,13 @@ def test_service_config_rejects(field: str, value: object) -> None:
         {"queue_topic": "same", "marker_topic": "same"},
         {"queue_topic": "same", "control_topic": "same"},
         {"marker_topic": "same", "control_topic": "same"},
+        {"retry_topic": "same", "marker_topic": "same"},
+        {"retry_topic": "same", "queue_topic": "same"},
+        {"queue_topic": "q", "control_topic": "q.retry"},
     ],
 )
 def test_topics_must_differ(cls: type, topics: dict[str, str]) -> None:
-    with pytest.raises(kmq.ConfigError, match="must be different topics"):
+    with pytest.raises(kmq.ConfigError, match="must be different"):
         cls(bootstrap_servers=BOOTSTRAP, **topics)
 
 

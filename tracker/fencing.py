@@ -1,0 +1,84 @@
+"""Fencing: only the current owner of a markers partition can redeliver from it.
+
+Each owned markers partition gets a transactional producer whose transactional id names the
+partition (``<group>.<markers topic>.<partition>``). A replica that is assigned the
+partition calls ``init_transactions()`` with that id, which bumps the producer epoch: the
+broker then refuses every transaction of the previous owner, whether it is a live zombie
+(frozen past its session, then woken) or just slow. Every redelivery (the copies, their
+markers and the markers-offset commit that skips them) is one such transaction, so a
+fenced replica's redeliveries are never visible to the consumers, who read committed
+records only. This holds on Apache Kafka and on the embedded Tansu broker (tested in
+tests/functional/test_failures.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from kafka.errors import InvalidProducerEpochError, KafkaError, ProducerFencedError
+
+log = logging.getLogger("kmq.tracker")
+
+FENCED_ERRORS: tuple[type[BaseException], ...] = (ProducerFencedError, InvalidProducerEpochError)
+"""What the broker answers a fenced producer."""
+
+
+def transactional_id(group_id: str, marker_topic: str, partition: int) -> str:
+    return f"{group_id}.{marker_topic}.{partition}"
+
+
+def is_fenced(exc: BaseException) -> bool:
+    """Whether ``exc`` says another replica has claimed the partition since."""
+    return isinstance(exc, FENCED_ERRORS)
+
+
+class PartitionWriters:
+    """The transactional producer of each markers partition this replica owns.
+
+    ``make(transactional_id)`` builds a producer (a KafkaProducer in the daemon, a stub in
+    tests). :meth:`claim` must succeed before the partition's first redelivery.
+    """
+
+    def __init__(self, make: Callable[[str], Any], group_id: str, marker_topic: str) -> None:
+        self._make = make
+        self._group_id = group_id
+        self._marker_topic = marker_topic
+        self._producers: dict[int, Any] = {}
+
+    def claim(self, partition: int) -> bool:
+        """Take the partition's transactional id (fencing its previous owner). False, and
+        nothing claimed, if the broker could not be reached: try again later."""
+        if partition in self._producers:
+            return True
+        txn_id = transactional_id(self._group_id, self._marker_topic, partition)
+        producer = None
+        try:
+            producer = self._make(txn_id)
+            producer.init_transactions()
+        except KafkaError as exc:
+            log.warning("markers partition %d: cannot claim %s yet (%r)", partition, txn_id, exc)
+            if producer is not None:
+                with contextlib.suppress(Exception):
+                    producer.close(timeout=1)
+            return False
+        self._producers[partition] = producer
+        return True
+
+    def get(self, partition: int) -> Any | None:
+        return self._producers.get(partition)
+
+    def claimed(self) -> set[int]:
+        return set(self._producers)
+
+    def release(self, partition: int, timeout_s: float = 5.0) -> None:
+        producer = self._producers.pop(partition, None)
+        if producer is not None:
+            with contextlib.suppress(Exception):
+                producer.close(timeout=timeout_s)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        for partition in list(self._producers):
+            self.release(partition, timeout_s)
