@@ -17,6 +17,7 @@ from kmq.errors import (
 from kmq.message import Message
 from kmq.policy import RetryPolicy
 from kmq.producer import Producer
+from kmq.receipts import Receipt, Settler
 from kmq.service import Queue, Service
 
 __version__ = "0.1.0"
@@ -37,7 +38,9 @@ __all__ = [
     "MessageTooLargeError",
     "Producer",
     "Queue",
+    "Receipt",
     "RetryPolicy",
     "Service",
     "ServiceConfig",
+    "Settler",
 ]

@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 from zlib import crc32
@@ -35,7 +35,7 @@ from kafka.errors import KafkaError
 from kafka.structs import MemberState, OffsetAndMetadata
 
 from kmq.assignor import LayoutAssignor
-from kmq.config import AT_MOST_ONCE, ConsumerConfig
+from kmq.config import AT_MOST_ONCE, MAX_REDELIVERY_TIMEOUT_S, ConsumerConfig
 from kmq.errors import (
     BrokerError,
     ConsumerClosedError,
@@ -46,6 +46,7 @@ from kmq.leases import Actions, Batch, BatchCycle, Leases
 from kmq.marker_writer import Flush, MarkerWriter
 from kmq.markers import QUEUE_LANE, RETRY_LANE, Entry, MarkerType, encode_entries
 from kmq.message import Message, State
+from kmq.receipts import Receipt
 from kmq.records import ID_HEADER, dead_letter_headers, delivery_key, parse_queue_headers
 
 if TYPE_CHECKING:
@@ -71,6 +72,16 @@ CycleBatch = Batch[TopicPartition, Message]
 
 class _StartFailed(Exception):
     pass
+
+
+def _lease(seconds: object) -> int:
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise InvalidArgumentError(f"lease_s must be a number of seconds, got {seconds!r}")
+    if not 0 < seconds <= MAX_REDELIVERY_TIMEOUT_S:  # also rejects NaN and infinities
+        raise InvalidArgumentError(
+            f"lease_s must be > 0 and <= {MAX_REDELIVERY_TIMEOUT_S:g} s, got {seconds!r}"
+        )
+    return max(1, round(seconds * 1000))
 
 
 class Consumer:
@@ -327,6 +338,43 @@ class Consumer:
             self._writer.flush_soon()
             partitions = {m.marker_partition for m in batch}
             self._await(flush, partitions, f"ack of {len(batch)} messages")
+
+    def hand_off(self, message: Message, lease_s: float) -> Receipt:
+        """Hand a held message over to someone else (an HTTP client of a proxy, say) for
+        ``lease_s`` seconds: this consumer stops keeping it alive and forgets it, and from
+        then on it is settled with a :class:`kmq.Settler` and the returned receipt, from any
+        process. Unsettled (nor extended) after ``lease_s``, it is redelivered. Returns once
+        the broker holds the new lease."""
+        return self.hand_off_many([message], lease_s)[0]
+
+    def hand_off_many(self, messages: Sequence[Message], lease_s: float) -> list[Receipt]:
+        """:meth:`hand_off` for several messages, in one broker round trip. Checks them all
+        before handing any over."""
+        if self._at_most_once:
+            raise MessageStateError("at-most-once messages have no lease to hand off")
+        ms = _lease(lease_s)
+        batch = list(messages)
+        with self._cond:
+            for message in batch:
+                if message._consumer is not self:
+                    raise MessageStateError(f"{message!r} was not received by this consumer")
+                if message._state is not State.HELD:
+                    raise MessageStateError(f"cannot hand off {message!r}: already settled")
+            items: list[tuple[Entry, int]] = []
+            for message in batch:
+                self._leases.settle(message.key)
+                message._state = State.HANDED_OFF
+                items.append((self._entry(_KEEPALIVE, message, ms), message.marker_partition))
+            self._freed()
+            flush = self._writer.add_many(items) if items else None
+        if flush is not None:
+            self._writer.flush_soon()
+            self._await(flush, {m.marker_partition for m in batch},
+                        f"hand-off of {len(batch)} messages")  # fmt: skip
+        return [
+            Receipt(m.queue, m.id, m.lane, m.partition, m.offset, m.attempt, m.marker_partition)
+            for m in batch
+        ]
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Release every unsettled message for immediate redelivery and leave the group."""

@@ -18,6 +18,7 @@ class State(enum.Enum):
     NACKED = "nacked"
     REJECTED = "rejected"
     RELEASED = "released"
+    HANDED_OFF = "handed off"  # its lease follows a Receipt now (see Consumer.hand_off)
 
 
 class _Settler(Protocol):
