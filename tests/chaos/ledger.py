@@ -32,9 +32,10 @@ What :func:`check` establishes:
   REDELIVERED for the same delivery needs a tracker kill or a fault since the first. Must be
   empty.
 - **overload**: a lease-expiry redelivery with none of those causes whose holders were alive
-  is blamed on CPU starvation: ``tracker_lag`` when its holder wrote a marker of it (START,
-  KEEPALIVE, END, NACK) less than a lease before the redelivery, so the tracker had not read
-  it yet; ``holder_silent`` when the holder wrote nothing for a whole lease. Both break the
+  is blamed on CPU starvation: ``holder_silent`` when the holder wrote nothing of it (START,
+  KEEPALIVE, END, NACK) for a whole lease at some point before the redelivery (its lease ran
+  out, even if it wrote again later); ``tracker_lag`` when its writes never paused that long,
+  so the tracker acted before it had read them (PROBE markers rule that out: it must be 0). Both break the
   README's "never redelivered while its consumer is alive and can reach the broker", so they
   are reported one by one, and tolerated only in small numbers: load is not kmq's to
   control, but a tracker that decides deadlines while it lags behind the markers log is a
@@ -629,9 +630,17 @@ class _Explainer:
             for inc in candidates
             if _alive_at(inc, m.timestamp_s - inc.skew_s) and m.timestamp_s - inc.skew_s <= at
         ]
-        if writes and at - max(writes) < self._run.lease_s - TIMESTAMP_SLACK_S:
-            return "tracker_lag"
-        return "holder_silent" if writes else "unexplained"
+        if not writes:
+            return "unexplained"
+        # A holder that went quiet for a lease (between two of its writes, or since its last
+        # one) let its lease run out, even if it wrote again before the redelivery: holder
+        # side. Regular writes and a redelivery all the same: the tracker decided before it
+        # had read them.
+        points = sorted(writes) + [at]
+        lease = self._run.lease_s - TIMESTAMP_SLACK_S
+        if any(b - a >= lease for a, b in zip(points, points[1:], strict=False)):
+            return "holder_silent"
+        return "tracker_lag"
 
 
 _SETTLING = frozenset({"acked", "nacked", "ack_failed", "nack_failed"})

@@ -482,6 +482,9 @@ def test_chaos(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
     assert not report.acked_without_end, f"ack() returned without an END marker: {details}"
     assert not report.early, f"redelivered before the lease ran out: {details}"
     assert not report.unexplained, f"redeliveries without a cause: {details}"
+    assert report.causes["tracker_lag"] == 0, (
+        f"redelivered before the tracker had read a holder's markers: {details}"
+    )
     assert len(report.overload) <= params.overload_tolerance, (
         f"{len(report.overload)} redeliveries while holders were alive and connected: {details}"
     )
@@ -566,7 +569,8 @@ def _details(
 ) -> str:
     """Write what a failure needs to a file in run_dir; return its first lines."""
     lines = [
-        f"seed={report.seed}",
+        f"seed={report.seed}: KMQ_CHAOS_SEED={report.seed} .venv/bin/pytest -s tests/chaos "
+        "replays this kill and fault schedule",
         f"lost={len(report.lost)} early={len(report.early)} "
         f"unexplained={len(report.unexplained)} overload={len(report.overload)} "
         f"crashed={report.crashed} acked_without_end={len(report.acked_without_end)} "

@@ -181,6 +181,22 @@ def test_redelivery_despite_a_recent_keepalive_is_blamed_on_tracker_lag() -> Non
     assert report.causes == {"tracker_lag": 1}
 
 
+def test_a_holder_late_with_its_keepalive_is_blamed_not_the_tracker() -> None:
+    # Quiet for more than a lease after its START, then a KEEPALIVE just before the
+    # redelivery: the lease had run out on the holder's side (it was starved), so the
+    # tracker, which acts only on what it has read, is not to blame.
+    report = run_check(
+        [worker("w0.1", 0.0)],
+        [event("took", "w0.1", T0 + 1), event("acked", "w0.1", T0 + 5)],
+        [
+            marker(MarkerType.START, T0 + 1),
+            marker(MarkerType.KEEPALIVE, T0 + 3.2),
+            marker(MarkerType.REDELIVERED, T0 + 3.5, attempt=2, reason="lease expired"),
+        ],
+    )
+    assert report.causes == {"holder_silent": 1}
+
+
 def test_redelivery_of_a_delivery_nobody_started_is_unexplained() -> None:
     report = run_check(
         [worker("w0.1", 0.0)],
