@@ -13,7 +13,14 @@ from kafka import TopicPartition
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
-from kmq.markers import MAX_ATTEMPT, QUEUE_LANE, RETRY_LANE, MarkerType, encode_entries
+from kmq.markers import (
+    MAX_ATTEMPT,
+    MAX_TEXT_BYTES,
+    QUEUE_LANE,
+    RETRY_LANE,
+    MarkerType,
+    encode_entries,
+)
 from kmq.policy import DEAD_LETTER_SUFFIX
 from kmq.records import dead_letter_headers, parse_queue_headers, queue_headers, split_key
 from tracker.fencing import is_fenced
@@ -131,6 +138,8 @@ class Redeliverer:
         kind = _REDELIVERED if copy.dead_letter_queue is None else _DEAD_LETTERED
         lane, partition, offset = split_key(copy.due.key)
         text = copy.due.reason.encode()
+        if len(text) > MAX_TEXT_BYTES:  # a version 1 reason, or bad UTF-8 read as U+FFFDs
+            text = text[:MAX_TEXT_BYTES].decode("utf-8", "ignore").encode()
         entry = (kind, lane, partition, offset, copy.attempt, 0, 0, len(text))
         # The partition its START came from, where every marker of the message belongs.
         return producer.send(

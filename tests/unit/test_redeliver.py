@@ -1,20 +1,48 @@
 """What copy a due delivery becomes (tracker.redeliver.copy_of): its attempt, or its dead
-letter, from the re-read record and the START's settings."""
+letter, from the re-read record and the START's settings; where it goes (Redeliverer.target)
+and the fenced transaction that writes it (Redeliverer.round, with a stub producer)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kafka import TopicPartition
+from kafka.errors import (
+    InvalidProducerEpochError,
+    KafkaConnectionError,
+    KafkaError,
+    KafkaTimeoutError,
+    MessageSizeTooLargeError,
+    ProducerFencedError,
+)
+from kafka.structs import OffsetAndMetadata
 
-from kmq.markers import MAX_ATTEMPT, QUEUE_LANE, RETRY_LANE
+from kmq.markers import (
+    MAX_ATTEMPT,
+    MAX_TEXT_BYTES,
+    QUEUE_LANE,
+    RETRY_LANE,
+    MarkerType,
+    decode,
+    encode_entries,
+    parse,
+)
 from kmq.policy import DEAD_LETTER_SUFFIX
-from kmq.records import ATTEMPT_HEADER, ID_HEADER, delivery_key, queue_headers
-from tracker.redeliver import copy_of
+from kmq.records import (
+    ATTEMPT_HEADER,
+    ID_HEADER,
+    dead_letter_headers,
+    delivery_key,
+    queue_headers,
+)
+from tests.unit.kafka_stubs import StubTxnProducer
+from tracker.redeliver import Copy, Redeliverer, RoundOutcome, copy_of
 from tracker.reread import Record
-from tracker.state import Due
+from tracker.state import Due, PartitionState
 
 USER = (("trace", b"t1"), ("empty", b""))
 
@@ -155,3 +183,290 @@ def test_copy_rules(attempt: int, step: int, max_attempts: int, own: str) -> Non
         assert copy.dead_letter_queue is None and copy.destination == "orders"
         assert copy.attempt == min(attempt + step, MAX_ATTEMPT)
     assert 1 <= copy.attempt <= MAX_ATTEMPT
+
+
+# -- Redeliverer.target: where a copy or dead letter goes -------------------------------------
+
+QUEUE_TOPIC, RETRY_TOPIC, MARKER_TOPIC = "q.topic", "q.topic.retry", "q.markers"
+LAYOUTS: dict[tuple[str, str], tuple[int, ...]] = {
+    (RETRY_TOPIC, "orders"): (2, 3, 4),
+    (QUEUE_TOPIC, "orders"): (5, 6),
+    (QUEUE_TOPIC, "orders.dlq"): (0, 1, 3),
+    (QUEUE_TOPIC, "parking"): (7,),
+}
+
+
+class Layouts:
+    """``partitions(topic, queue)`` for a Redeliverer; records what it was asked."""
+
+    def __init__(self, table: dict[tuple[str, str], tuple[int, ...]] | None = None) -> None:
+        self.table = LAYOUTS if table is None else table
+        self.asked: list[tuple[str, str]] = []
+
+    def __call__(self, topic: str, queue: str) -> tuple[int, ...]:
+        self.asked.append((topic, queue))
+        return self.table[(topic, queue)]
+
+
+def redeliverer(layouts: Layouts | None = None, *, retry: bool = True) -> Redeliverer:
+    return Redeliverer(
+        QUEUE_TOPIC, RETRY_TOPIC if retry else None, MARKER_TOPIC, layouts or Layouts()
+    )
+
+
+def a_copy(
+    lane: int = QUEUE_LANE,
+    partition: int = 3,
+    offset: int = 77,
+    *,
+    max_attempts: int = 0,
+    dead_letter_queue: str = "",
+    reason: str = "lease expired",
+    attempt: int = 3,
+) -> Copy:
+    d = due(
+        lane=lane,
+        partition=partition,
+        offset=offset,
+        max_attempts=max_attempts,
+        dead_letter_queue=dead_letter_queue,
+        reason=reason,
+    )
+    return copy_of(d, record(attempt))
+
+
+# Each row: the copy, the retry topic on or off, then (topic, partition).
+TARGETS: dict[str, tuple[Copy, bool, tuple[str, int]]] = {
+    "queue-lane-copy-to-retry-topic-by-offset": (a_copy(QUEUE_LANE, 3, 77), True,
+                                                 (RETRY_TOPIC, (2, 3, 4)[77 % 3])),
+    "queue-lane-copy-never-kept-on-its-queue-partition": (a_copy(QUEUE_LANE, 2, 7), True,
+                                                          (RETRY_TOPIC, (2, 3, 4)[7 % 3])),
+    "retry-lane-copy-stays-on-its-partition": (a_copy(RETRY_LANE, 4, 77), True,
+                                               (RETRY_TOPIC, 4)),
+    "retry-lane-copy-outside-the-layout-moves": (a_copy(RETRY_LANE, 9, 10), True,
+                                                 (RETRY_TOPIC, (2, 3, 4)[10 % 3])),
+    "dead-letter-to-queue-topic-by-offset": (a_copy(RETRY_LANE, 1, 8, max_attempts=3), True,
+                                             (QUEUE_TOPIC, (0, 1, 3)[8 % 3])),
+    "dead-letter-of-a-queue-record-in-the-dlq-layout-stays": (
+        a_copy(QUEUE_LANE, 1, 8, max_attempts=3), True, (QUEUE_TOPIC, 1)),
+    "dead-letter-of-a-queue-record-outside-the-dlq-layout": (
+        a_copy(QUEUE_LANE, 2, 8, max_attempts=3), True, (QUEUE_TOPIC, (0, 1, 3)[8 % 3])),
+    "dead-letter-to-its-own-queue": (
+        a_copy(QUEUE_LANE, 5, 1234, max_attempts=3, dead_letter_queue="parking"), True,
+        (QUEUE_TOPIC, 7)),
+    "no-retry-topic-copy-goes-to-queue-topic": (a_copy(QUEUE_LANE, 9, 11), False,
+                                                (QUEUE_TOPIC, (5, 6)[11 % 2])),
+    "no-retry-topic-queue-record-stays": (a_copy(QUEUE_LANE, 6, 11), False, (QUEUE_TOPIC, 6)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("copy", "retry", "expected"), TARGETS.values(), ids=TARGETS.keys())
+def test_target(copy: Copy, retry: bool, expected: tuple[str, int]) -> None:
+    layouts = Layouts()
+    assert redeliverer(layouts, retry=retry).target(copy) == expected
+    assert layouts.asked == [(expected[0], copy.destination)], "the destination's layout"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lane=st.sampled_from([QUEUE_LANE, RETRY_LANE]),
+    partition=st.integers(0, 2**15 - 1),
+    offset=st.integers(0, 2**44 - 1),
+    dead=st.booleans(),
+    retry=st.booleans(),
+    choices=st.lists(st.integers(0, 50), min_size=1, max_size=8, unique=True).map(tuple),
+)
+def test_target_rules(
+    lane: int,
+    partition: int,
+    offset: int,
+    dead: bool,
+    retry: bool,
+    choices: tuple[int, ...],
+) -> None:
+    copy = a_copy(lane, partition, offset, max_attempts=3 if dead else 0)
+    topic, chosen = Redeliverer(
+        QUEUE_TOPIC, RETRY_TOPIC if retry else None, MARKER_TOPIC, lambda t, q: choices
+    ).target(copy)
+    to_retry = retry and not dead
+    assert topic == (RETRY_TOPIC if to_retry else QUEUE_TOPIC)
+    assert chosen in choices
+    same_topic = lane == (RETRY_LANE if to_retry else QUEUE_LANE)
+    if same_topic and partition in choices:
+        assert chosen == partition
+    else:
+        assert chosen == choices[offset % len(choices)]
+
+
+# -- Redeliverer.round: one transaction, all or nothing --------------------------------------
+
+GROUP_METADATA = object()
+OFFSETS = {TopicPartition(MARKER_TOPIC, 1): OffsetAndMetadata(42, "", -1)}
+
+
+def copies() -> list[Copy]:
+    """A copy of a queue record, a copy of a retry record and a dead letter."""
+    return [
+        a_copy(QUEUE_LANE, 3, 77, reason="lease expired"),
+        a_copy(RETRY_LANE, 4, 78, reason="nacked"),
+        a_copy(QUEUE_LANE, 5, 79, max_attempts=3, reason="poison"),
+    ]
+
+
+def test_a_round_writes_copies_markers_and_the_offset_commit() -> None:
+    txn = StubTxnProducer()
+    batch = copies()
+    outcome = redeliverer().round(txn, batch, OFFSETS, GROUP_METADATA)
+    assert outcome == RoundOutcome(True) and (outcome.written, outcome.fenced) == (True, False)
+    assert txn.calls == [
+        "begin_transaction",
+        *["send"] * 6,
+        "send_offsets_to_transaction",
+        "commit_transaction",
+    ]
+    assert txn.offsets == [(OFFSETS, GROUP_METADATA)]
+    copy_sends, marker_sends = txn.sent[0::2], txn.sent[1::2]
+    assert [(s.topic, s.partition, s.key) for s in copy_sends] == [
+        (RETRY_TOPIC, (2, 3, 4)[77 % 3], b"orders"),
+        (RETRY_TOPIC, 4, b"orders"),
+        (QUEUE_TOPIC, (0, 1, 3)[79 % 3], b"orders.dlq"),
+    ]
+    assert [s.value for s in copy_sends] == [b"payload"] * 3
+    assert [s.headers for s in copy_sends] == [
+        queue_headers("m-1", 4, USER),
+        queue_headers("m-1", 4, USER),
+        dead_letter_headers("m-1", "orders", 3, "poison", USER),
+    ]
+    for copy, sent in zip(batch, marker_sends, strict=True):
+        assert (sent.topic, sent.partition, sent.key) == (MARKER_TOPIC, 1, b"m-1")
+        assert sent.headers is None
+        m = decode(sent.value)
+        dead = copy.dead_letter_queue is not None
+        assert m.type is (MarkerType.DEAD_LETTERED if dead else MarkerType.REDELIVERED)
+        assert (m.lane, m.partition, m.offset) == copy.due.delivery
+        assert (m.attempt, m.reason) == (copy.attempt, copy.due.reason)
+        assert (m.redeliver_after_ms, m.max_attempts) == (0, 0)
+
+
+def test_markers_go_to_the_partition_of_the_start() -> None:
+    txn = StubTxnProducer()
+    copy = a_copy()
+    moved = replace(copy, due=replace(copy.due, marker_partition=6))
+    assert redeliverer().round(txn, [moved], {}, GROUP_METADATA).written
+    assert txn.sent[1].partition == 6 and txn.sent[1].topic == MARKER_TOPIC
+
+
+def test_a_marker_without_a_reason_has_no_text() -> None:
+    txn = StubTxnProducer()
+    assert redeliverer().round(txn, [a_copy(reason="")], {}, GROUP_METADATA).written
+    assert decode(txn.sent[1].value).reason == ""
+    assert parse(txn.sent[1].value)[0][0][7] == 0
+
+
+def test_without_offsets_nothing_is_committed_to_the_group() -> None:
+    txn = StubTxnProducer()
+    assert redeliverer().round(txn, [a_copy()], {}, GROUP_METADATA) == RoundOutcome(True)
+    assert "send_offsets_to_transaction" not in txn.calls and txn.offsets == []
+    assert txn.calls[-1] == "commit_transaction"
+
+
+def test_an_empty_round_still_commits_the_offsets() -> None:
+    txn = StubTxnProducer()
+    assert redeliverer().round(txn, [], OFFSETS, GROUP_METADATA) == RoundOutcome(True)
+    assert txn.sent == [] and txn.offsets == [(OFFSETS, GROUP_METADATA)]
+
+
+# Where the transaction fails: a method name, or the index of the send that raises.
+FAILURE_POINTS: dict[str, str | int] = {
+    "begin": "begin_transaction",
+    "first-copy": 0,
+    "first-marker": 1,
+    "last-marker": 5,
+    "send-offsets": "send_offsets_to_transaction",
+    "commit": "commit_transaction",
+}
+
+
+def failing(point: str | int, exc: BaseException) -> StubTxnProducer:
+    if isinstance(point, int):
+        return StubTxnProducer(fail_sends={point: exc})
+    return StubTxnProducer(fail={point: exc})
+
+
+@pytest.mark.parametrize("point", FAILURE_POINTS.values(), ids=FAILURE_POINTS.keys())
+@pytest.mark.parametrize(
+    "exc", [ProducerFencedError(), InvalidProducerEpochError()], ids=["fenced", "epoch"]
+)
+def test_a_fenced_round_reports_fenced(point: str | int, exc: KafkaError) -> None:
+    txn = failing(point, exc)
+    outcome = redeliverer().round(txn, copies(), OFFSETS, GROUP_METADATA)
+    assert outcome == RoundOutcome(False, fenced=True)
+    assert not outcome.written
+    if point != "commit_transaction":
+        assert "commit_transaction" not in txn.calls
+
+
+@pytest.mark.parametrize("point", FAILURE_POINTS.values(), ids=FAILURE_POINTS.keys())
+@pytest.mark.parametrize(
+    "exc",
+    [KafkaTimeoutError("slow"), MessageSizeTooLargeError("big"), KafkaConnectionError("down")],
+    ids=["timeout", "too-large", "connection"],
+)
+def test_a_failed_round_is_aborted(point: str | int, exc: KafkaError) -> None:
+    txn = failing(point, exc)
+    outcome = redeliverer().round(txn, copies(), OFFSETS, GROUP_METADATA)
+    assert outcome == RoundOutcome(False) and not outcome.fenced
+    assert txn.calls.count("abort_transaction") == 1
+    assert txn.calls[-1] == "abort_transaction"
+    if point != "commit_transaction":
+        assert "commit_transaction" not in txn.calls
+
+
+def test_a_failing_abort_still_reports_a_failed_round() -> None:
+    txn = StubTxnProducer(
+        fail={"commit_transaction": KafkaTimeoutError("x"), "abort_transaction": KafkaError("y")}
+    )
+    assert redeliverer().round(txn, copies(), OFFSETS, GROUP_METADATA) == RoundOutcome(False)
+    assert txn.calls[-1] == "abort_transaction"
+
+
+def test_a_layout_that_cannot_be_read_fails_the_round() -> None:
+    def no_layout(topic: str, queue: str) -> tuple[int, ...]:
+        raise KafkaError(f"topic {topic} has no partitions")
+
+    txn = StubTxnProducer()
+    r = Redeliverer(QUEUE_TOPIC, RETRY_TOPIC, MARKER_TOPIC, no_layout)
+    assert r.round(txn, copies(), OFFSETS, GROUP_METADATA) == RoundOutcome(False)
+    assert txn.sent == [] and txn.calls == ["begin_transaction", "abort_transaction"]
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [
+        "é" * 40_000,  # valid UTF-8, 80,000 bytes: a version 1 NACK's reason, say
+        "\ufffd" * 30_000,  # what 30,000 bytes of bad UTF-8 in a version 2 reason read as
+        "x" * (MAX_TEXT_BYTES + 1),
+    ],
+    ids=["two-byte-chars", "replacement-chars", "ascii-one-over"],
+)
+def test_a_reason_too_long_for_a_marker_is_cut_not_fatal(reason: str) -> None:
+    txn = StubTxnProducer()
+    outcome = redeliverer().round(txn, [a_copy(reason=reason)], {}, GROUP_METADATA)
+    assert outcome == RoundOutcome(True)
+    text = decode(txn.sent[1].value).reason
+    assert reason.startswith(text) and 0 < len(text.encode()) <= MAX_TEXT_BYTES
+    assert len(text.encode()) > MAX_TEXT_BYTES - 4, "cut at a character boundary, no sooner"
+
+
+def test_a_bad_utf8_reason_read_by_the_state_is_redelivered() -> None:
+    """End to end from the markers: 30,000 bytes that are not UTF-8 read back as 90,000."""
+    state = PartitionState(1)
+    state.set_position(0)
+    state.set_end_offset(0)
+    state.on_record(0, encode_entries([(1, QUEUE_LANE, 3, 77, 1, 1000, 0, 0)], []), 0.0)
+    bad = b"\xff" * 30_000
+    state.on_record(1, encode_entries([(4, QUEUE_LANE, 3, 77, 1, 0, 0, len(bad))], [bad]), 0.0)
+    [d] = state.due(1.0)
+    txn = StubTxnProducer()
+    assert redeliverer().round(txn, [copy_of(d, record(1))], {}, GROUP_METADATA).written
+    assert set(decode(txn.sent[1].value).reason) == {"\ufffd"}

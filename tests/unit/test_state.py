@@ -29,7 +29,7 @@ from kmq.markers import (
 )
 from kmq.markers_v1 import encode_batch_v1, encode_v1
 from kmq.records import delivery_key, fits_key
-from tracker.state import Delivery, Due, PartitionState
+from tracker.state import PROBE_RETRY_S, Delivery, Due, PartitionState
 
 PARTITION = 2
 DEFAULT_LEASE_S = 30.0
@@ -40,7 +40,7 @@ DELIVERY: Delivery = (0, 1, 40)
 KEY = delivery_key(*DELIVERY)
 MAX_LEASE_MS = int(MAX_REDELIVERY_TIMEOUT_S * 1000)
 
-S, K, E, N, RD, RL, DL = (
+S, K, E, N, RD, RL, DL, RJ = (
     MarkerType.START,
     MarkerType.KEEPALIVE,
     MarkerType.END,
@@ -48,6 +48,7 @@ S, K, E, N, RD, RL, DL = (
     MarkerType.REDELIVERED,
     MarkerType.RELEASE,
     MarkerType.DEAD_LETTERED,
+    MarkerType.REJECT,
 )
 
 
@@ -252,6 +253,26 @@ SCENARIOS: dict[str, tuple[list[tuple[float, bytes | None]], float, list[tuple[i
         0,
         [(0, "released")],
     ),
+    "reject-now": ([(0, marker(S)), (1, marker(RJ))], 1, [(1, "rejected")]),
+    "reject-own-reason": ([(0, marker(S)), (1, marker(RJ, reason="poison"))], 1, [(1, "poison")]),
+    "reject-not-before-it-is-read": ([(0, marker(S)), (1, marker(RJ))], 0.999, []),
+    "reject-ignores-its-after-ms": (
+        [(0, marker(S)), (1, marker(RJ, after_ms=MAX_LEASE_MS))],
+        1,
+        [(1, "rejected")],
+    ),
+    "reject-overrides-a-nack-delay": (
+        [(0, marker(S)), (1, marker(N, after_ms=60_000, reason="later")), (2, marker(RJ))],
+        2,
+        [(1, "rejected")],
+    ),
+    "release-then-reject": (
+        [(0, marker(S)), (1, marker(RL)), (1, marker(RJ))],
+        1,
+        [(1, "rejected")],
+    ),
+    "reject-then-end": ([(0, marker(S)), (1, marker(RJ)), (1, marker(E))], 10 * LEASE_S, []),
+    "reject-of-other-delivery": ([(0, marker(S)), (1, marker(RJ, OTHER_OFFSET))], 1, []),
     "batch-start-and-end": ([(0, encode_batch([make(S), make(E)]))], 10 * LEASE_S, []),
     "batch-two-starts": (
         [(0, encode_batch([make(S), make(S, OTHER_OFFSET)]))],
@@ -389,6 +410,35 @@ def test_markers_while_redelivering_are_late() -> None:
     assert state.in_flight == 0
 
 
+@pytest.mark.parametrize("start_max_attempts", [0, 1, 9])
+def test_reject_dead_letters_whatever_the_start_allowed(start_max_attempts: int) -> None:
+    state = caught_up()
+    start = feed(state, marker(S, max_attempts=start_max_attempts, dlq="parking"), 0)
+    feed(state, marker(RJ, reason="bad"), 1)
+    [due] = state.due(1)
+    assert due == Due(
+        marker_partition=PARTITION,
+        key=KEY,
+        start_offset=start,
+        attempt_step=1,
+        reason="bad",
+        max_attempts=1,
+        dead_letter_queue="parking",
+    )
+    assert state.stats["reject"] == 1
+
+
+def test_reject_while_redelivering_is_late() -> None:
+    state = caught_up()
+    feed(state, marker(S, max_attempts=5), 0)
+    [due] = state.due(LEASE_S)
+    feed(state, marker(RJ), LEASE_S)
+    assert state.stats["late_marker"] == 1
+    state.redelivery_failed(due.key, LEASE_S, 1)
+    [again] = state.due(LEASE_S + 1)
+    assert (again.max_attempts, again.reason) == (5, "lease expired"), "the reject came late"
+
+
 def test_end_while_redelivering_drops_it() -> None:
     state = caught_up()
     feed(state, marker(S), 0)
@@ -513,7 +563,7 @@ def test_attempt_zero_is_counted() -> None:
     assert state.stats["bad_attempt"] == 1 and state.in_flight == 1
 
 
-@pytest.mark.parametrize("kind", [K, E, N, RL, RD, DL])
+@pytest.mark.parametrize("kind", [K, E, N, RL, RD, DL, RJ])
 def test_marker_for_unknown_delivery_is_counted_and_ignored(kind: MarkerType) -> None:
     state = caught_up()
     feed(state, marker(kind), 0)
@@ -811,6 +861,10 @@ class PartitionStateMachine(RuleBasedStateMachine):
 
     @rule(limit=st.integers(1, 4))
     def poll(self, limit: int) -> None:
+        self._poll(limit)
+
+    def _poll(self, limit: int) -> list[Due]:
+        """Ask for due deliveries, check each against the model and mark it redelivering."""
         dues = self.state.due(self.now, limit)
         assert len(dues) <= limit
         if self.state.replaying:
@@ -831,6 +885,7 @@ class PartitionStateMachine(RuleBasedStateMachine):
             )
             t.redelivering = True
             self.pending.append(d)
+        return dues
 
     @precondition(lambda self: self.pending)
     @rule(
@@ -962,3 +1017,359 @@ def test_any_record_sequence_never_raises(
         assert commit is not None and state.position is not None
         assert commit <= state.position
         assert state.in_flight == len(state.deliveries())
+
+
+# -- probes: acting on a deadline only once the log has been read past it ----------------------
+
+NONCE = 0xC0FFEE
+OTHER_NONCE = NONCE + 1
+P = MarkerType.PROBE
+MINUS_INF = float("-inf")
+
+
+def probing(position: int = 0) -> PartitionState:
+    """A caught-up state that writes probes (as the daemon's are)."""
+    state = PartitionState(PARTITION, default_lease_s=DEFAULT_LEASE_S, probe_nonce=NONCE)
+    state.set_position(position)
+    state.set_end_offset(position)
+    return state
+
+
+def probe_record(sent_ms: int, nonce: int = NONCE) -> bytes:
+    return encode_entries([(int(P), 0, PARTITION, sent_ms, nonce, 0, 0, 0)], [])
+
+
+@dataclass(frozen=True)
+class Step:
+    """``marker``: read ``value`` at ``at``; ``probe``: write a probe at ``at`` (it waits in
+    the log); ``read``: read the oldest probe written and not read yet at ``at``;
+    ``foreign``: read another tracker's probe, sent at ``sent_ms`` by its clock."""
+
+    kind: str
+    at: float
+    value: bytes | None = None
+    sent_ms: int = 0
+
+
+def at(t: float, value: bytes) -> Step:
+    return Step("marker", t, value)
+
+
+def probe_at(t: float) -> Step:
+    return Step("probe", t)
+
+
+def read_at(t: float) -> Step:
+    return Step("read", t)
+
+
+def foreign_at(t: float, sent_ms: int) -> Step:
+    return Step("foreign", t, sent_ms=sent_ms)
+
+
+def run(state: PartitionState, script: list[Step]) -> None:
+    log: list[bytes] = []
+    for step in script:
+        if step.kind == "marker":
+            feed(state, step.value, step.at)
+        elif step.kind == "probe":
+            log.append(encode_entries([state.probe(step.at)], []))
+        elif step.kind == "read":
+            feed(state, log.pop(0), step.at)
+        else:
+            feed(state, probe_record(step.sent_ms, OTHER_NONCE), step.at)
+
+
+LATER: Delivery = OTHER_OFFSET
+RETRY_AT = 10 + PROBE_RETRY_S
+
+# Each row: the script, when due() is asked, the (attempt_step, reason) of what is due then,
+# whether a probe is needed after that, and the horizon.
+PROBE_SCENARIOS: dict[
+    str, tuple[list[Step], float, list[tuple[int, str]], bool, float]
+] = {
+    "nothing-in-flight": ([], 100, [], False, MINUS_INF),
+    "deadline-not-passed": ([at(0, marker(S))], LEASE_S - 0.001, [], False, MINUS_INF),
+    "the-clock-alone-is-not-enough": ([at(0, marker(S))], LEASE_S, [], True, MINUS_INF),
+    "own-probe-read-back": (
+        [at(0, marker(S)), probe_at(10), read_at(10.2)], 10.2, [EXPIRED], False, 10.0),
+    "read-back-much-later": (
+        [at(0, marker(S)), probe_at(10), read_at(50)], 50, [EXPIRED], False, 10.0),
+    "a-probe-before-the-deadline-proves-nothing": (
+        [at(0, marker(S)), probe_at(9.999), read_at(10)], 10, [], True, 9.999),
+    "probe-outstanding": ([at(0, marker(S)), probe_at(10)], 10.5, [], False, MINUS_INF),
+    "outstanding-just-before-the-retry": (
+        [at(0, marker(S)), probe_at(10)], RETRY_AT - 0.001, [], False, MINUS_INF),
+    "a-probe-not-read-back-is-sent-again": (
+        [at(0, marker(S)), probe_at(10)], RETRY_AT, [], True, MINUS_INF),
+    "foreign-probe-while-one-is-outstanding": (
+        [at(0, marker(S)), probe_at(10), foreign_at(10.2, 20_000)], 10.5, [], False, MINUS_INF),
+    "foreign-probe-answers-nothing": (
+        [at(0, marker(S)), foreign_at(10.2, 20_000)], 10.5, [], True, MINUS_INF),
+    "a-newer-deadline-than-the-outstanding-probe": (
+        [at(0, marker(S)), at(0, marker(S, LATER, after_ms=10_500)), probe_at(10),
+         at(10.1, marker(E))],
+        10.6, [], True, MINUS_INF),
+    "the-outstanding-probe-covers-the-first-deadline": (
+        [at(0, marker(S)), at(0, marker(S, LATER, after_ms=10_500)), probe_at(10)],
+        10.6, [], False, MINUS_INF),
+    "a-probe-covers-only-older-deadlines": (
+        [at(0, marker(S)), at(0, marker(S, LATER, after_ms=12_000)), probe_at(10),
+         read_at(12.5)],
+        12.5, [EXPIRED], True, 10.0),
+    "the-horizon-does-not-cover-later-starts": (
+        [at(0, marker(S)), probe_at(10), read_at(10.1), at(10.1, marker(S, LATER))],
+        25, [EXPIRED], True, 10.0),
+    "send-time-rounded-down-to-the-ms": (
+        [at(0.0004, marker(S)), probe_at(10.0009), read_at(10.001)], 10.001, [], True, 10.0),
+    "newest-own-probe-wins": (
+        [at(0, marker(S)), probe_at(10), probe_at(11), read_at(11), read_at(11.2)],
+        11.2, [EXPIRED], False, 11.0),
+    "release-waits-for-a-probe": ([at(0, marker(S)), at(1, marker(RL))], 1, [], True, MINUS_INF),
+    "release-after-a-probe": (
+        [at(0, marker(S)), at(1, marker(RL)), probe_at(1), read_at(1)],
+        1, [(0, "released")], False, 1.0),
+    "nack-after-a-probe": (
+        [at(0, marker(S)), at(1, marker(N, after_ms=500, reason="x")), probe_at(1.5),
+         read_at(1.6)],
+        1.6, [(1, "x")], False, 1.5),
+    "reject-after-a-probe": (
+        [at(0, marker(S)), at(1, marker(RJ)), probe_at(1.5), read_at(1.6)],
+        1.6, [(1, "rejected")], False, 1.5),
+    "end-read-before-the-probe-wins": (
+        [at(0, marker(S)), probe_at(10), at(10.1, marker(E)), read_at(10.2)],
+        10.2, [], False, 10.0),
+    "keepalive-read-before-the-probe-wins": (
+        [at(0, marker(S)), probe_at(10), at(10.1, marker(K)), read_at(10.2)],
+        10.2, [], False, 10.0),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("script", "when", "expected", "needed", "horizon"),
+    PROBE_SCENARIOS.values(),
+    ids=PROBE_SCENARIOS.keys(),
+)
+def test_probe_scenarios(
+    script: list[Step],
+    when: float,
+    expected: list[tuple[int, str]],
+    needed: bool,
+    horizon: float,
+) -> None:
+    state = probing()
+    run(state, script)
+    assert steps(state.due(when)) == expected
+    assert state.probe_needed(when) is needed
+    assert state.horizon == horizon
+    probes = [s for s in script if s.kind == "probe"]
+    reads = [s for s in script if s.kind == "read"]
+    assert (state.stats["probe_sent"], state.stats["probe_read"]) == (len(probes), len(reads))
+
+
+def test_a_probe_batched_with_markers() -> None:
+    state = probing()
+    probe = state.probe(3)
+    feed(state, encode_entries([probe, (int(S), 0, 1, 40, 1, LEASE_MS, 0, 0)], []), 3.5)
+    assert state.stats["batch"] == 1 and state.stats["probe_read"] == 1
+    assert state.horizon == 3.0 and state.deliveries() == [DELIVERY]
+    assert state.due(3.5 + LEASE_S) == [] and state.probe_needed(3.5 + LEASE_S)
+    feed(state, encode_entries([state.probe(3.5 + LEASE_S)], []), 3.5 + LEASE_S)
+    assert steps(state.due(3.5 + LEASE_S)) == [EXPIRED]
+
+
+def test_probe_entry_and_reading_it_back() -> None:
+    state = probing()
+    entry = state.probe(12.3456)
+    assert entry == (int(P), 0, PARTITION, 12345, NONCE, 0, 0, 0)
+    assert check_entry(entry) is None
+    assert state.stats["probe_sent"] == 1
+    value = encode_entries([entry], [])
+    feed(state, value, 12.4)
+    assert state.horizon == 12.345
+    assert state.stats["probe_read"] == 1 and state.stats["foreign_probe"] == 0
+    assert state.in_flight == 0 and state.stats["bad_marker"] == 0
+    assert state.stats["unknown_delivery"] == 0, "a probe names no record"
+
+
+def test_a_foreign_probe_changes_nothing() -> None:
+    state = probing()
+    feed(state, marker(S), 0)
+    state.probe(10)
+    feed(state, probe_record(10_000, OTHER_NONCE), 10.5)
+    assert state.stats["foreign_probe"] == 1 and state.stats["probe_read"] == 0
+    assert state.horizon == MINUS_INF
+    assert state.due(10.5) == [] and not state.probe_needed(10.5), "still outstanding"
+    assert state.in_flight == 1 and state.next_deadline() == LEASE_S
+
+
+def test_an_older_own_probe_never_lowers_the_horizon() -> None:
+    state = probing()
+    feed(state, probe_record(11_000), 11)
+    feed(state, probe_record(10_000), 11)
+    assert state.horizon == 11.0 and state.stats["probe_read"] == 2
+
+
+def test_reading_an_older_probe_leaves_the_newer_outstanding() -> None:
+    state = probing()
+    feed(state, marker(S), 0)
+    feed(state, marker(S, LATER, after_ms=10_500), 0)
+    state.probe(10)
+    feed(state, marker(E), 10.1)  # the first deadline is now 10.5, after that probe
+    assert state.probe_needed(10.6)
+    state.probe(10.6)
+    feed(state, probe_record(10_000), 10.7)  # the first probe comes back
+    assert state.horizon == 10.0 and state.due(10.7) == []
+    assert not state.probe_needed(10.7), "the second is still on its way"
+    feed(state, probe_record(10_600), 10.8)
+    assert [d.delivery for d in state.due(10.8)] == [LATER]
+
+
+def test_no_probes_while_replaying() -> None:
+    state = PartitionState(PARTITION, default_lease_s=DEFAULT_LEASE_S, probe_nonce=NONCE)
+    state.set_position(0)
+    state.set_end_offset(2)
+    feed(state, marker(S), 0)
+    assert state.replaying
+    assert not state.probe_needed(100) and state.due(100) == []
+    feed(state, marker(K, OTHER_OFFSET), 0)
+    assert not state.replaying
+    assert state.probe_needed(100)
+
+
+def test_an_own_probe_in_the_backlog_still_moves_the_horizon() -> None:
+    state = PartitionState(PARTITION, probe_nonce=NONCE)
+    state.set_position(0)
+    state.set_end_offset(5)
+    feed(state, probe_record(7_000), 0)
+    assert state.replaying and state.horizon == 7.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(0, 1e9, allow_nan=False))
+def test_a_probe_never_claims_more_than_its_send_time(now: float) -> None:
+    state = probing()
+    entry = state.probe(now)
+    assert entry[3] == int(now * 1000) and entry[3] / 1000 <= now
+    feed(state, encode_entries([entry], []), now)
+    assert state.horizon <= now
+    assert not state.probe_needed(now)
+
+
+def test_without_a_nonce_the_clock_decides() -> None:
+    state = caught_up()
+    assert state.probe_nonce is None and state.horizon == float("inf")
+    feed(state, marker(S), 0)
+    assert not state.probe_needed(LEASE_S), "no probes"
+    with pytest.raises(ValueError, match="no probes"):
+        state.probe(LEASE_S)
+    for nonce in (0, NONCE):
+        feed(state, probe_record(5_000, nonce), 1)
+    assert state.stats["foreign_probe"] == 2 and state.stats["probe_read"] == 0
+    assert state.horizon == float("inf")
+    assert steps(state.due(LEASE_S)) == [EXPIRED]
+
+
+class ProbingStateMachine(PartitionStateMachine):
+    """The same markers as :class:`PartitionStateMachine`, read by a state that writes
+    probes, plus probes written, read back (in the order written), lost, and other
+    trackers' probes. Invariant: nothing is ever due before a probe sent at or after its
+    deadline has been read back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = PartitionState(PARTITION, default_lease_s=DEFAULT_LEASE_S, probe_nonce=NONCE)
+        self.outbox: list[tuple[float, bytes]] = []
+        self.read_horizon = MINUS_INF
+        """The send time (whole ms) of the newest own probe read back."""
+        self.outstanding: float | None = None
+        """When the probe not read back yet was sent."""
+        self.sent = self.read = 0
+
+    def _waiting(self) -> dict[Delivery, float]:
+        return {d: t.not_before for d, t in self.model.tracked.items() if not t.redelivering}
+
+    @rule()
+    def send_probe(self) -> None:
+        entry = self.state.probe(self.now)
+        assert entry[4] == NONCE and entry[3] == int(self.now * 1000)
+        self.outbox.append((self.now, encode_entries([entry], [])))
+        self.outstanding = self.now
+        self.sent += 1
+
+    @precondition(lambda self: self.outbox)
+    @rule()
+    def read_probe(self) -> None:
+        sent, value = self.outbox.pop(0)
+        self._feed(value)
+        self.read += 1
+        sent_ms = int(sent * 1000)
+        self.read_horizon = max(self.read_horizon, sent_ms / 1000)
+        if self.outstanding is not None and sent_ms >= int(self.outstanding * 1000):
+            self.outstanding = None
+
+    @precondition(lambda self: self.outbox)
+    @rule()
+    def lose_probe(self) -> None:
+        self.outbox.pop(0)
+
+    # Short leases and small steps, so deadlines pass between probes more often.
+    @rule(
+        kind=st.sampled_from([S, K, E, RL]),
+        d=st.sampled_from(DELIVERIES),
+        after_ms=st.sampled_from([1, 500, 1500]),
+    )
+    def short(self, kind: MarkerType, d: Delivery, after_ms: int) -> None:
+        self.one_marker(make(kind, d, after_ms=after_ms))
+
+    @rule(dt=st.sampled_from([0.0005, 0.001, 0.3, 0.999, PROBE_RETRY_S]))
+    def tick(self, dt: float) -> None:
+        self.now += dt
+
+    @rule(sent_ms=st.integers(0, 2**63 - 1), nonce=st.integers(0, 2**32 - 1))
+    def foreign_probe(self, sent_ms: int, nonce: int) -> None:
+        if nonce == NONCE:
+            return
+        before = self.state.stats["foreign_probe"]
+        self._feed(probe_record(sent_ms, nonce))
+        assert self.state.stats["foreign_probe"] == before + 1
+
+    @rule(limit=st.integers(1, 4))
+    def poll(self, limit: int) -> None:
+        waiting = self._waiting()
+        dues = self._poll(limit)
+        for due in dues:
+            assert waiting[due.delivery] <= self.read_horizon, (
+                f"{due.delivery} due at {self.now} before a probe sent after its deadline "
+                f"{waiting[due.delivery]} was read back (horizon {self.read_horizon})"
+            )
+        if len(dues) < limit and not self.state.replaying:
+            cutoff = min(self.now, self.read_horizon)
+            ready = {d for d, not_before in waiting.items() if not_before <= cutoff}
+            assert ready <= {due.delivery for due in dues}, "everything ready is due"
+
+    @invariant()
+    def horizon_is_the_newest_own_probe_read(self) -> None:
+        assert self.state.horizon == self.read_horizon
+        assert self.state.horizon <= self.now
+        assert (self.state.stats["probe_sent"], self.state.stats["probe_read"]) == (
+            self.sent,
+            self.read,
+        )
+
+    @invariant()
+    def probe_asked_for_exactly_when_needed(self) -> None:
+        waiting = self._waiting()
+        expected = False
+        if waiting and not self.state.replaying:
+            first = min(waiting.values())
+            sent = self.outstanding
+            expected = (
+                self.read_horizon < first <= self.now
+                and (sent is None or self.now - sent >= PROBE_RETRY_S or sent < first)
+            )  # fmt: skip
+        assert self.state.probe_needed(self.now) is expected
+
+
+TestProbingStateMachine = ProbingStateMachine.TestCase
+TestProbingStateMachine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)

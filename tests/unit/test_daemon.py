@@ -1,0 +1,288 @@
+"""The tracker's decisions around fencing (tracker.daemon.Tracker), with stubs for Kafka.
+
+The Tracker constructor connects to Kafka, so these tests build one with ``__new__`` and set
+only what ``_redeliver``, ``_redeliver_partition`` and ``_fenced`` use: the states, a real
+PartitionWriters over stub transactional producers, a real Redeliverer, and stubs for the
+group consumer (group_metadata), the record reader and the pause table."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+from kafka import TopicPartition
+from kafka.errors import (
+    InvalidProducerEpochError,
+    KafkaError,
+    KafkaTimeoutError,
+    ProducerFencedError,
+)
+
+from kmq.markers import QUEUE_LANE, MarkerType, decode, encode_entries
+from kmq.records import delivery_key, queue_headers
+from tests.unit.kafka_stubs import StubTxnProducer
+from tracker.config import TrackerConfig
+from tracker.daemon import Tracker
+from tracker.fencing import PartitionWriters
+from tracker.redeliver import Redeliverer, copy_of
+from tracker.reread import ReadResult, Record
+from tracker.state import Due, PartitionState
+
+CONFIG = TrackerConfig(
+    "localhost:9092",
+    queue_topic="q.topic",
+    marker_topic="q.markers",
+    retry_topic="q.topic.retry",
+    group_id="grp",
+    redelivery_retry_s=7.0,
+)
+LEASE_MS = 1000
+GROUP_METADATA = object()
+
+
+class StubGroupConsumer:
+    def group_metadata(self) -> object:
+        return GROUP_METADATA
+
+
+class StubPauses:
+    def __init__(self) -> None:
+        self.caught_up = threading.Event()
+        self.caught_up.set()
+
+    def paused_until_ms(self, queue: str) -> int:
+        return 0
+
+
+class StubRecords:
+    """The record reader: every due delivery's record is found, unless listed in ``gone``."""
+
+    def __init__(self) -> None:
+        self.asked: list[list[Due]] = []
+        self.gone: set[int] = set()
+
+    def read(self, due: list[Due]) -> ReadResult:
+        self.asked.append(list(due))
+        result = ReadResult()
+        for d in due:
+            if d.key in self.gone:
+                result.gone.append(d)
+                continue
+            _, partition, offset = d.delivery
+            headers = tuple(queue_headers(f"m-{partition}-{offset}", 1, ()))
+            result.found[d.key] = Record(partition, offset, b"orders", b"payload", headers)
+        return result
+
+
+class Producers:
+    """Builds the stub transactional producer of each markers partition; ``fail[p]`` says
+    what the methods of partition ``p``'s producers raise."""
+
+    def __init__(self) -> None:
+        self.made: dict[int, list[StubTxnProducer]] = {}
+        self.fail: dict[int, dict[str, BaseException]] = {}
+
+    def __call__(self, txn_id: str) -> StubTxnProducer:
+        partition = int(txn_id.rsplit(".", 1)[1])
+        producer = StubTxnProducer(txn_id, fail=self.fail.get(partition, {}))
+        self.made.setdefault(partition, []).append(producer)
+        return producer
+
+    def last(self, partition: int) -> StubTxnProducer:
+        return self.made[partition][-1]
+
+
+def delivery(partition: int) -> int:
+    """The delivery key of the one message started on markers partition ``partition``."""
+    return delivery_key(QUEUE_LANE, 3, 100 + partition)
+
+
+def expired_state(partition: int) -> PartitionState:
+    """A caught-up state whose one delivery's lease ran out long ago (no probes: due by
+    the clock alone)."""
+    state = PartitionState(partition)
+    state.set_position(10)
+    state.set_end_offset(10)
+    start = (int(MarkerType.START), QUEUE_LANE, 3, 100 + partition, 1, LEASE_MS, 0, 0)
+    state.on_record(10, encode_entries([start], []), time.monotonic() - 60)
+    return state
+
+
+class Harness:
+    def __init__(self, partitions: tuple[int, ...] = (0, 1)) -> None:
+        self.producers = Producers()
+        self.records = StubRecords()
+        self.writers = PartitionWriters(self.producers, CONFIG.group_id, CONFIG.marker_topic)
+        t = Tracker.__new__(Tracker)
+        t.config = CONFIG
+        t._states = {p: expired_state(p) for p in partitions}
+        t._retired = Counter()
+        t._committed = {p: 5 for p in partitions}
+        t._fresh = set()
+        t._writers = self.writers
+        t._kc = StubGroupConsumer()
+        t._topics = {0: CONFIG.queue_topic, 1: CONFIG.retry_topic}
+        t._redeliverer = Redeliverer(
+            CONFIG.queue_topic, CONFIG.retry_topic, CONFIG.marker_topic, lambda t, q: (0, 1)
+        )
+        raw: Any = t  # typed as the real ControlWatcher and RecordReader
+        raw._pauses = StubPauses()
+        raw._records = self.records
+        self.tracker = t
+        self.states = dict(t._states)
+
+    def claim(self, *partitions: int) -> None:
+        for p in partitions:
+            assert self.writers.claim(p)
+
+
+@pytest.mark.parametrize(
+    "fail",
+    [
+        {"commit_transaction": ProducerFencedError()},
+        {"begin_transaction": ProducerFencedError()},
+        {"send_offsets_to_transaction": InvalidProducerEpochError()},
+        {"commit_transaction": InvalidProducerEpochError()},
+    ],
+    ids=["fenced-at-commit", "fenced-at-begin", "epoch-at-offsets", "epoch-at-commit"],
+)
+def test_a_fenced_round_drops_the_partition_without_redelivering(
+    fail: dict[str, BaseException],
+) -> None:
+    h = Harness()
+    h.producers.fail[1] = fail
+    h.claim(0, 1)
+    h.tracker._fresh.add(1)
+    fenced_txn = h.writers.get(1)
+    h.tracker._redeliver()
+
+    t = h.tracker
+    assert t.partitions() == [0], "the fenced partition's state is dropped"
+    assert h.writers.claimed() == {0} and h.writers.get(1) is None, "its writer released"
+    assert h.producers.last(1) is fenced_txn and fenced_txn.closed_with == [5.0]
+    assert 1 not in t._committed and 1 not in t._fresh
+    fenced = h.states[1]
+    assert fenced.stats["fenced"] == 1
+    assert fenced.stats["redeliveries"] == fenced.stats["redelivery_failed"] == 0
+    assert fenced.in_flight == 1, "nothing was recorded as redelivered"
+    assert t._retired["fenced"] == 1 and t._retired["start"] == 1
+    stats = t.stats()
+    assert (stats["fenced"], stats["redeliveries"], stats["in_flight"]) == (1, 1, 0)
+    # The other partition's round went through on its own producer.
+    assert h.states[0].in_flight == 0 and t._committed[0] == 11
+    assert h.producers.last(0).calls[-1] == "commit_transaction"
+
+
+def test_a_fenced_partition_is_forgotten_even_if_its_producer_will_not_close() -> None:
+    h = Harness(partitions=(2,))
+    h.producers.fail[2] = {"commit_transaction": ProducerFencedError(), "close": KafkaError()}
+    h.claim(2)
+    h.tracker._redeliver()
+    assert h.tracker.partitions() == [] and h.writers.claimed() == set()
+    assert h.tracker.stats()["fenced"] == 1
+
+
+def test_fenced_counts_add_up_over_partitions() -> None:
+    h = Harness(partitions=(0, 1, 2))
+    for p in (0, 2):
+        h.producers.fail[p] = {"commit_transaction": ProducerFencedError()}
+    h.claim(0, 1, 2)
+    h.tracker._redeliver()
+    assert h.tracker.partitions() == [1]
+    assert h.tracker.stats()["fenced"] == 2 and h.tracker.stats()["redeliveries"] == 1
+
+
+def test_a_failed_round_keeps_the_partition_and_retries() -> None:
+    h = Harness(partitions=(0,))
+    h.producers.fail[0] = {"commit_transaction": KafkaTimeoutError("slow")}
+    h.claim(0)
+    before = time.monotonic()
+    h.tracker._redeliver()
+    state = h.states[0]
+    assert h.tracker.partitions() == [0] and h.writers.claimed() == {0}
+    txn = h.producers.last(0)
+    assert txn.calls[-1] == "abort_transaction" and txn.closed_with == []
+    assert state.stats["redelivery_failed"] == 1 and state.stats["fenced"] == 0
+    assert state.in_flight == 1
+    deadline = state.next_deadline()
+    assert deadline is not None and deadline >= before + CONFIG.redelivery_retry_s
+    assert h.tracker._committed[0] == 5, "no commit for a round that did not happen"
+
+
+def test_a_written_round_redelivers_and_records_the_commit() -> None:
+    h = Harness(partitions=(0,))
+    h.claim(0)
+    h.tracker._redeliver()
+    state, txn = h.states[0], h.producers.last(0)
+    assert state.in_flight == 0 and state.stats["redeliveries"] == 1
+    assert h.tracker._committed[0] == 11, "past the START the round settled"
+    [(offsets, metadata)] = txn.offsets
+    assert metadata is GROUP_METADATA
+    assert {tp: m.offset for tp, m in offsets.items()} == {TopicPartition("q.markers", 0): 11}
+    marker = decode(txn.sent[1].value)
+    assert marker.type is MarkerType.REDELIVERED and (marker.partition, marker.offset) == (3, 100)
+
+
+def test_redeliver_takes_nothing_from_a_partition_it_cannot_claim() -> None:
+    h = Harness()
+    h.producers.fail[1] = {"init_transactions": KafkaTimeoutError("no coordinator")}
+    deadline = h.states[1].next_deadline()
+    h.tracker._redeliver()
+    [asked] = h.records.asked
+    assert [d.marker_partition for d in asked] == [0], "only the claimed partition's"
+    assert h.writers.claimed() == {0}
+    unclaimed = h.states[1]
+    assert unclaimed.in_flight == 1 and unclaimed.next_deadline() == deadline, "not taken"
+    assert unclaimed.stats["redelivery_failed"] == unclaimed.stats["redeliveries"] == 0
+    assert h.producers.last(1).closed_with == [1] and h.producers.last(1).sent == []
+    assert h.states[0].stats["redeliveries"] == 1
+
+    # Once the broker answers, the claim succeeds and the delivery goes out.
+    del h.producers.fail[1]
+    h.tracker._redeliver()
+    assert h.writers.claimed() == {0, 1}
+    assert [d.delivery for d in h.records.asked[1]] == [(0, 3, 101)]
+    assert unclaimed.in_flight == 0 and unclaimed.stats["redeliveries"] == 1
+
+
+def test_no_claim_no_reading_at_all() -> None:
+    h = Harness()
+    for p in (0, 1):
+        h.producers.fail[p] = {"init_transactions": KafkaTimeoutError("x")}
+    h.tracker._redeliver()
+    assert h.records.asked == [] and h.writers.claimed() == set()
+    assert all(s.in_flight == 1 and s.next_deadline() is not None for s in h.states.values())
+
+
+def test_redeliver_partition_without_a_writer_does_nothing() -> None:
+    h = Harness(partitions=(0,))
+    [due] = h.states[0].due(time.monotonic())
+    record = StubRecords().read([due]).found[due.key]
+    h.tracker._redeliver_partition(0, [copy_of(due, record)])
+    assert h.tracker.partitions() == [0] and h.states[0].stats["fenced"] == 0
+    assert h.producers.made == {}
+
+
+def test_a_round_that_cannot_start_is_a_failure_not_a_fence() -> None:
+    h = Harness(partitions=(0,))
+
+    def no_layout(topic: str, queue: str) -> tuple[int, ...]:
+        raise KafkaError(f"topic {topic} has no partitions")
+
+    h.tracker._redeliverer = Redeliverer("q.topic", "q.topic.retry", "q.markers", no_layout)
+    h.claim(0)
+    h.tracker._redeliver()
+    state = h.states[0]
+    assert h.tracker.partitions() == [0] and state.stats["fenced"] == 0
+    assert state.stats["redelivery_failed"] == 1 and state.in_flight == 1
+
+
+def test_fenced_on_an_unknown_partition_is_harmless() -> None:
+    h = Harness(partitions=(0,))
+    h.claim(0)
+    h.tracker._fenced(9)
+    assert h.tracker.partitions() == [0] and h.writers.claimed() == {0}
+    assert h.tracker._retired == Counter()

@@ -1,0 +1,213 @@
+"""tracker.fencing: one transactional producer per owned markers partition (stub producers)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kafka.errors import (
+    InvalidProducerEpochError,
+    KafkaConnectionError,
+    KafkaError,
+    KafkaTimeoutError,
+    ProducerFencedError,
+)
+
+from tests.unit.kafka_stubs import StubTxnProducer
+from tracker.fencing import FENCED_ERRORS, PartitionWriters, is_fenced, transactional_id
+
+
+class Factory:
+    """``make(transactional_id)`` for PartitionWriters: records every producer it builds.
+    ``init_fails[txn_id]`` holds what each next init_transactions() of that id raises
+    (``None``: it succeeds); ``make_fails`` what the next builds raise."""
+
+    def __init__(self) -> None:
+        self.made: list[StubTxnProducer] = []
+        self.init_fails: dict[str, list[BaseException | None]] = {}
+        self.make_fails: list[BaseException] = []
+
+    def __call__(self, txn_id: str) -> StubTxnProducer:
+        if self.make_fails:
+            raise self.make_fails.pop(0)
+        queued = self.init_fails.get(txn_id)
+        exc = queued.pop(0) if queued else None
+        producer = StubTxnProducer(txn_id, fail={"init_transactions": exc} if exc else {})
+        self.made.append(producer)
+        return producer
+
+
+def writers(factory: Factory) -> PartitionWriters:
+    return PartitionWriters(factory, "grp", "markers")
+
+
+@pytest.mark.parametrize(
+    ("group", "topic", "partition", "expected"),
+    [
+        ("kmq-tracker", "kmq.markers", 0, "kmq-tracker.kmq.markers.0"),
+        ("g", "m", 17, "g.m.17"),
+        ("team.a", "q.markers", 3, "team.a.q.markers.3"),
+    ],
+    ids=["defaults", "short", "dotted-names"],
+)
+def test_transactional_id_names_the_partition(
+    group: str, topic: str, partition: int, expected: str
+) -> None:
+    assert transactional_id(group, topic, partition) == expected
+
+
+@pytest.mark.parametrize(
+    ("exc", "fenced"),
+    [
+        (ProducerFencedError(), True),
+        (InvalidProducerEpochError(), True),
+        (KafkaTimeoutError("slow"), False),
+        (KafkaConnectionError("down"), False),
+        (KafkaError("other"), False),
+        (ValueError("not kafka"), False),
+    ],
+    ids=["producer-fenced", "invalid-epoch", "timeout", "connection", "kafka-error", "value-error"],
+)
+def test_is_fenced(exc: BaseException, fenced: bool) -> None:
+    assert is_fenced(exc) is fenced
+    assert isinstance(exc, FENCED_ERRORS) is fenced
+
+
+def test_claim_initialises_a_producer_named_for_the_partition() -> None:
+    factory = Factory()
+    w = writers(factory)
+    assert w.claimed() == set() and w.get(2) is None
+    assert w.claim(2) is True
+    [producer] = factory.made
+    assert producer.transactional_id == "grp.markers.2"
+    assert producer.calls == ["init_transactions"]
+    assert w.get(2) is producer and w.claimed() == {2}
+    assert w.get(3) is None
+
+
+def test_claiming_again_keeps_the_producer() -> None:
+    factory = Factory()
+    w = writers(factory)
+    assert w.claim(1) and w.claim(1)
+    assert len(factory.made) == 1
+    assert factory.made[0].calls == ["init_transactions"], "the epoch is bumped once"
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [KafkaTimeoutError("no coordinator"), KafkaConnectionError("down"), ProducerFencedError()],
+    ids=["timeout", "connection", "fenced"],
+)
+def test_a_failed_claim_keeps_nothing_and_can_be_retried(exc: KafkaError) -> None:
+    factory = Factory()
+    factory.init_fails["grp.markers.4"] = [exc, None]
+    w = writers(factory)
+    assert w.claim(4) is False
+    assert w.get(4) is None and w.claimed() == set()
+    [failed] = factory.made
+    assert failed.closed_with == [1], "the half-made producer is closed"
+    assert w.claim(4) is True
+    assert len(factory.made) == 2
+    assert w.get(4) is factory.made[1] is not failed
+    assert factory.made[1].closed_with == []
+
+
+def test_a_claim_whose_producer_cannot_be_built_keeps_nothing() -> None:
+    factory = Factory()
+    factory.make_fails.append(KafkaConnectionError("no brokers"))
+    w = writers(factory)
+    assert w.claim(0) is False
+    assert factory.made == [] and w.claimed() == set()
+    assert w.claim(0) is True and w.claimed() == {0}
+
+
+def test_a_failing_close_after_a_failed_claim_is_swallowed() -> None:
+    def make(txn_id: str) -> StubTxnProducer:
+        return StubTxnProducer(
+            txn_id,
+            fail={"init_transactions": KafkaTimeoutError("x"), "close": RuntimeError("y")},
+        )
+
+    w = PartitionWriters(make, "grp", "markers")
+    assert w.claim(0) is False
+    assert w.claimed() == set()
+
+
+def test_release_closes_and_forgets_only_that_partition() -> None:
+    factory = Factory()
+    w = writers(factory)
+    assert w.claim(0) and w.claim(1)
+    p0, p1 = factory.made
+    w.release(0, timeout_s=2.5)
+    assert p0.closed_with == [2.5] and p1.closed_with == []
+    assert w.get(0) is None and w.get(1) is p1 and w.claimed() == {1}
+    w.release(0)
+    w.release(9)  # never claimed
+    assert p0.closed_with == [2.5], "closed once"
+    assert w.claim(0) and w.get(0) is factory.made[2], "a later claim starts afresh"
+
+
+def test_release_forgets_a_producer_whose_close_fails() -> None:
+    w = PartitionWriters(
+        lambda txn_id: StubTxnProducer(txn_id, fail={"close": KafkaTimeoutError("x")}),
+        "grp",
+        "markers",
+    )
+    assert w.claim(5)
+    w.release(5)
+    assert w.claimed() == set() and w.get(5) is None
+
+
+def test_close_releases_every_partition() -> None:
+    factory = Factory()
+    w = writers(factory)
+    for partition in (3, 1, 2):
+        assert w.claim(partition)
+    w.close(timeout_s=0.5)
+    assert w.claimed() == set()
+    assert [p.closed_with for p in factory.made] == [[0.5]] * 3
+
+
+def test_claimed_is_a_copy() -> None:
+    factory = Factory()
+    w = writers(factory)
+    assert w.claim(1)
+    w.claimed().add(7)
+    assert w.claimed() == {1} and w.get(7) is None
+
+
+OPS = st.lists(
+    st.tuples(st.sampled_from(["claim", "claim-fails", "release"]), st.integers(0, 3)),
+    max_size=30,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(OPS)
+def test_claimed_is_what_succeeded_and_was_not_released(ops: list[tuple[str, int]]) -> None:
+    factory = Factory()
+    w = writers(factory)
+    model: set[int] = set()
+    for op, partition in ops:
+        if op == "release":
+            w.release(partition)
+            model.discard(partition)
+            continue
+        if op == "claim-fails":
+            factory.init_fails.setdefault(f"grp.markers.{partition}", []).append(
+                KafkaTimeoutError("x")
+            )
+        before = len(factory.made)
+        ok = w.claim(partition)
+        if partition in model:
+            assert ok and len(factory.made) == before, "already claimed: nothing new"
+            factory.init_fails.pop(f"grp.markers.{partition}", None)
+        else:
+            assert ok is (op == "claim")
+        if ok:
+            model.add(partition)
+        assert w.claimed() == model
+    open_ = {p.transactional_id for p in factory.made if not p.closed_with}
+    assert open_ == {f"grp.markers.{p}" for p in model}, "every producer not kept is closed"
+    w.close()
+    assert all(p.closed_with for p in factory.made)
