@@ -9,6 +9,7 @@ from typing import Protocol
 
 from kmq.config import MAX_REDELIVERY_TIMEOUT_S
 from kmq.errors import InvalidArgumentError
+from kmq.records import MAX_REASON_CHARS
 
 
 class State(enum.Enum):
@@ -161,11 +162,6 @@ class Message:
             f"<kmq.Message id={self.id} queue={self.queue!r} attempt={self.attempt} "
             f"at={self.partition}:{self.offset} {self._state.value}>"
         )
-
-
-MAX_REASON_CHARS = 1000
-"""Longer reasons are cut: a reason rides in markers and dead-letter headers, and a marker
-over the record size limit would be refused by the broker."""
 
 
 def _reason(reason: object) -> str:

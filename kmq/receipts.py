@@ -18,7 +18,7 @@ from kmq.config import MAX_REDELIVERY_TIMEOUT_S
 from kmq.errors import BrokerError, InvalidArgumentError
 from kmq.marker_writer import Flush, MarkerWriter
 from kmq.markers import LANES, MarkerType
-from kmq.message import MAX_REASON_CHARS
+from kmq.records import MAX_REASON_CHARS
 
 if TYPE_CHECKING:
     from kmq.service import Service

@@ -7,6 +7,10 @@ from collections.abc import Sequence
 
 from kmq.markers import MAX_ATTEMPT
 
+MAX_REASON_CHARS = 1000
+"""A reason (nack, reject, dead letter) keeps at most this many characters: it rides in
+markers and dead-letter headers, which must stay well under the record size limit."""
+
 ID_HEADER = "kmq.id"
 ATTEMPT_HEADER = "kmq.attempt"
 DLQ_ORIGIN_HEADER = "kmq.dlq.origin"
@@ -62,13 +66,14 @@ def dead_letter_headers(
     user_headers: Sequence[tuple[str, bytes]],
 ) -> list[tuple[str, bytes]]:
     """Headers of a dead letter: it starts at attempt 1 in its dead-letter queue and keeps
-    where it came from, how many attempts it had there and the last reason given."""
+    where it came from, how many attempts it had there and the last reason given (its
+    first :data:`MAX_REASON_CHARS` characters: a kmq 0.1 marker's reason had no limit)."""
     kept = [(k, v) for k, v in user_headers if k not in DLQ_HEADERS]
     return [
         *queue_headers(message_id, 1, kept),
         (DLQ_ORIGIN_HEADER, origin_queue.encode()),
         (DLQ_ATTEMPTS_HEADER, b"%d" % attempts),
-        (DLQ_REASON_HEADER, reason.encode()),
+        (DLQ_REASON_HEADER, reason[:MAX_REASON_CHARS].encode()),
     ]
 
 

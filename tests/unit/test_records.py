@@ -17,6 +17,7 @@ from kmq.records import (
     ID_HEADER,
     MAX_OFFSET,
     MAX_PARTITION,
+    MAX_REASON_CHARS,
     dead_letter_headers,
     delivery_key,
     fits_key,
@@ -91,6 +92,13 @@ def test_dead_letter_headers() -> None:
     message_id, attempt, kept = parse_queue_headers(headers)
     assert (message_id, attempt) == ("m", 1), "a dead letter starts again at attempt 1"
     assert [name for name, _ in kept].count(DLQ_REASON_HEADER) == 1
+
+
+def test_a_dead_letter_keeps_the_start_of_a_long_reason() -> None:
+    # kmq 0.1 markers carried reasons of any length; the dead letter keeps a bounded one.
+    reason = "é" * 70_000
+    headers = dict(dead_letter_headers("m", "orders", 5, reason, []))
+    assert headers[DLQ_REASON_HEADER] == ("é" * MAX_REASON_CHARS).encode()
 
 
 @pytest.mark.parametrize("headers", [None, []])
