@@ -35,10 +35,10 @@ What :func:`check` establishes:
   is blamed on CPU starvation: ``holder_silent`` when the holder wrote nothing of it (START,
   KEEPALIVE, END, NACK) for a whole lease at some point before the redelivery (its lease ran
   out, even if it wrote again later); ``tracker_lag`` when its writes never paused that long,
-  so the tracker acted before it had read them (PROBE markers rule that out: it must be 0). Both break the
-  README's "never redelivered while its consumer is alive and can reach the broker", so they
-  are reported one by one, and tolerated only in small numbers: load is not kmq's to
-  control, but a tracker that decides deadlines while it lags behind the markers log is a
+  so the tracker acted before it had read them (PROBE markers rule that out: it must be 0).
+  Both break the README's "never redelivered while its consumer is alive and can reach the
+  broker", so they are reported one by one, and tolerated only in small numbers: load is not
+  kmq's to control, but a tracker that decides deadlines while it lags behind the markers log is a
   design gap.
 - **duplicates**: deliveries (``took`` lines) beyond the first per id: counted, reported.
 - **redelivery delay beyond the lease**: for redeliveries caused by a SIGKILL, the time from
@@ -47,6 +47,7 @@ What :func:`check` establishes:
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import time
@@ -636,9 +637,9 @@ class _Explainer:
         # one) let its lease run out, even if it wrote again before the redelivery: holder
         # side. Regular writes and a redelivery all the same: the tracker decided before it
         # had read them.
-        points = sorted(writes) + [at]
+        points = [*sorted(writes), at]
         lease = self._run.lease_s - TIMESTAMP_SLACK_S
-        if any(b - a >= lease for a, b in zip(points, points[1:], strict=False)):
+        if any(b - a >= lease for a, b in itertools.pairwise(points)):
             return "holder_silent"
         return "tracker_lag"
 

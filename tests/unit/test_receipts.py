@@ -19,8 +19,8 @@ from kmq.config import MAX_REDELIVERY_TIMEOUT_S
 from kmq.consumer import _lease
 from kmq.marker_writer import MarkerWriter
 from kmq.markers import QUEUE_LANE, RETRY_LANE, Marker, MarkerType, decode_all
-from kmq.message import MAX_REASON_CHARS
 from kmq.receipts import Receipt, Settler
+from kmq.records import MAX_REASON_CHARS
 
 WAIT_S = 5.0
 MAX_MS = int(MAX_REDELIVERY_TIMEOUT_S * 1000)
