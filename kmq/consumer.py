@@ -34,6 +34,7 @@ from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.errors import KafkaError
 from kafka.structs import MemberState, OffsetAndMetadata
 
+from kmq import join_fix
 from kmq.assignor import LayoutAssignor
 from kmq.config import AT_MOST_ONCE, MAX_REDELIVERY_TIMEOUT_S, ConsumerConfig
 from kmq.errors import (
@@ -190,6 +191,7 @@ class Consumer:
         self, group_id: str, declared: Any, fetch_max_wait_ms: int, name: str = "consumer"
     ) -> KafkaConsumer:
         cfg = self._svc_config
+        join_fix.apply()
         return KafkaConsumer(
             bootstrap_servers=cfg.bootstrap_servers,
             client_id=f"{cfg.client_id}-{name}",
@@ -206,9 +208,9 @@ class Consumer:
 
     @staticmethod
     def _poll_ms(client: KafkaConsumer, wanted_ms: int) -> int:
-        """A poll timeout long enough for a group (re)join to finish inside it: kafka-python
-        3.0.12 drops a join that completes between two polls and starts it over, so a
-        member polled only briefly can keep rejoining for ever."""
+        """A poll timeout long enough for a group (re)join to finish inside it. kafka-python
+        3.0.12 drops a join that completes between two polls and starts it over;
+        :mod:`kmq.join_fix` repairs that on 3.0.12, and this keeps other versions joining."""
         if client.group_metadata().state != MemberState.STABLE:
             return max(wanted_ms, _JOIN_POLL_MS)
         return wanted_ms
