@@ -18,6 +18,7 @@ from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
+from kmq import join_fix
 from kmq.control import ControlWatcher
 from kmq.layout import write_partitions
 from kmq.markers import QUEUE_LANE, RETRY_LANE, encode_entries
@@ -34,6 +35,8 @@ _DEAD_LETTER_HEADROOM_BYTES = 64 * 1024
 """A copy is never larger than the record it comes from, which the SDK kept within
 max_message_bytes; a dead letter also carries its origin and last reason as headers. This
 only loosens kafka-python's client-side check: the broker's own limit still applies."""
+_TXN_RETRY_BACKOFF_MS = 20
+"""kafka-python's wait before each transactional request it re-queues (default 100 ms)."""
 
 
 class Tracker:
@@ -51,6 +54,7 @@ class Tracker:
         self._next_stats = time.monotonic() + config.stats_interval_s
         self._nonce = random.getrandbits(32)
         """Marks this replica's PROBE markers: only its own tell it how far it has read."""
+        join_fix.apply()
         self._kc = KafkaConsumer(
             bootstrap_servers=config.bootstrap_servers,
             client_id=config.client_id,
@@ -96,6 +100,10 @@ class Tracker:
             bootstrap_servers=config.bootstrap_servers,
             client_id=f"{config.client_id}-txn",
             transactional_id=transactional_id,
+            # kafka-python waits this long before each transactional request it re-queues, and
+            # a partition's first round re-queues twice (finding the group's coordinator for
+            # its offsets): 200 ms of every first redelivery with the default 100.
+            retry_backoff_ms=_TXN_RETRY_BACKOFF_MS,
             acks="all",
             enable_idempotence=True,
             max_request_size=config.max_message_bytes + _DEAD_LETTER_HEADROOM_BYTES,
