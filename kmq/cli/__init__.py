@@ -10,6 +10,7 @@ from kmq.cli.dev import dev
 from kmq.cli.dlq import dlq
 from kmq.cli.pause import pause, resume
 from kmq.cli.queue import queue
+from kmq.cli.serve import serve
 from kmq.cli.topics import topics
 
 
@@ -26,3 +27,4 @@ main.add_command(pause)
 main.add_command(resume)
 main.add_command(queue)
 main.add_command(audit)
+main.add_command(serve)
