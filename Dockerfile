@@ -3,6 +3,6 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY kmq ./kmq
 COPY tracker ./tracker
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir ".[proxy]"
 USER nobody
 CMD ["kmq-tracker"]
