@@ -21,6 +21,7 @@ from bench import (
     latency,
     producer,
     profile,
+    proxy,
     redelivery,
     report,
     tracker_core,
@@ -36,6 +37,7 @@ SECTIONS: dict[str, Callable[[Context], JSON]] = {
     "producer": producer.run,
     "transactional": transactional.run,
     "backlog": backlog.run,
+    "proxy": proxy.run,
     "profile": profile.run,
 }
 DEFAULT_SECTIONS = [
@@ -46,6 +48,7 @@ DEFAULT_SECTIONS = [
     "producer",
     "transactional",
     "backlog",
+    "proxy",
 ]
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import JSON
+from bench.common import JSON, ratio
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -22,6 +22,8 @@ TARGET_P95_RATIO = 2.0
 TARGET_REDELIVERY_P99_BEYOND_LEASE_MS = 500.0
 TARGET_CORE_EVENTS_PER_S = 200_000
 TARGET_BYTES_PER_IN_FLIGHT = 300
+TARGET_PROXY_RATIO = 0.5
+"""Issue #13: kmq serve's throughput beside the SDK's, receiving in batches of 10."""
 PAYLOAD_INDEPENDENCE_BYTES = 64
 """'Independent of payload size': 10 KB payloads cost at most this much more per message."""
 
@@ -131,6 +133,14 @@ def targets(results: JSON) -> list[JSON]:
         "—" if p99 is None else f"lease + {_n(p99)} ms",
         None if p99 is None else p99 <= backlog["target_beyond_lease_ms"]
         and backlog["never_redelivered"] == 0,
+    )
+    proxy = sections.get("proxy")
+    value = proxy.get("throughput_ratio") if proxy else None
+    limit = (proxy or {}).get("target_throughput_ratio", TARGET_PROXY_RATIO)
+    add(
+        f"HTTP proxy >= {limit:g}x the SDK's direct throughput, receiving in batches of 10",
+        _x(value) if proxy is None or "skipped" not in proxy else f"skipped: {proxy['skipped']}",
+        None if value is None else value >= limit,
     )
     latency = sections.get("latency")
     value = latency["ratio_send_to_receive"]["p95"] if latency else None
@@ -573,6 +583,102 @@ def _backlog(section: JSON) -> list[str]:
     ]
 
 
+def _proxy(section: JSON) -> list[str]:
+    lines = ["## 8. HTTP proxy (`kmq serve`) beside the SDK", ""]
+    if "skipped" in section:
+        return [*lines, f"Not measured: {section['skipped']}.", ""]
+    s = section["settings"]
+    unpaced, paced = section["unpaced"], section["paced"]
+    lines += [
+        f"{s['payload_bytes']}-byte messages, 1 queue over {s['partitions']} partitions, "
+        f"tracker process running, each side with fresh topics. Proxy: {s['proxy']}. "
+        f"Direct: {s['direct']}. Throughput: acked msgs/s over first send -> last ack, "
+        f"{s['messages']:,} messages, unpaced. Latency: send->receive (monotonic clock "
+        f"stamped in the payload), {s['paced_messages']:,} messages at "
+        f"{_n(s['paced_rate'])} msgs/s offered to both sides ({s['paced_load']:.0%} of the "
+        "slower side's throughput), first 5% left out.",
+        "",
+    ]
+
+    def lat(run: JSON, p: str) -> str:
+        return _ms(run["latency_ms"].get(p))
+
+    rows = [
+        [
+            "acked msgs/s (unpaced)",
+            _n(unpaced["proxy"]["acked_per_s"]),
+            _n(unpaced["direct"]["acked_per_s"]),
+            _x(section["throughput_ratio"]),
+        ],
+        [
+            "sent msgs/s (unpaced, durable batches)",
+            _n(unpaced["proxy"]["send_per_s"]),
+            _n(unpaced["direct"]["send_per_s"]),
+            _x(ratio(unpaced["proxy"]["send_per_s"], unpaced["direct"]["send_per_s"])),
+        ],
+        [
+            f"send->receive p50 at {_n(s['paced_rate'])} msgs/s",
+            lat(paced["proxy"], "p50"),
+            lat(paced["direct"], "p50"),
+            _x(section.get("p50_ratio")),
+        ],
+        [
+            f"send->receive p95 at {_n(s['paced_rate'])} msgs/s",
+            lat(paced["proxy"], "p95"),
+            lat(paced["direct"], "p95"),
+            _x(section["p95_ratio"]),
+        ],
+        [
+            "send->receive p95 unpaced (backlog included)",
+            lat(unpaced["proxy"], "p95"),
+            lat(unpaced["direct"], "p95"),
+            _x(
+                ratio(
+                    unpaced["proxy"]["latency_ms"].get("p95"),
+                    unpaced["direct"]["latency_ms"].get("p95"),
+                )
+            ),
+        ],
+        [
+            f"batch send round trip p50 / p95 (batch of {s['batch']}, unpaced)",
+            _pair(unpaced["proxy"]["sent"]["batch_round_trip_ms"]),
+            _pair(unpaced["direct"]["sent"]["batch_round_trip_ms"]),
+            "—",
+        ],
+    ]
+    lines += _table(["metric", "proxy", "direct (SDK)", "proxy/direct"], rows)
+    pcpu, dcpu = unpaced["proxy"]["cpu_us_per_msg"], unpaced["direct"]["cpu_us_per_msg"]
+    cpu_rows = [
+        [
+            name,
+            _n(pcpu.get(name)),
+            _n(dcpu.get(name)),
+        ]
+        for name in ("sender", "receiver", "proxy", "tracker", "broker")
+    ]
+    cpu_rows.append(["total", _n(sum(pcpu.values())), _n(sum(dcpu.values()))])
+    lines += [
+        "CPU time per acked message, unpaced (µs, user + system; receiver: the HTTP "
+        "clients' process, or the SDK consumer's):",
+        "",
+        *_table(["process", "proxy", "direct (SDK)"], cpu_rows),
+    ]
+    received = unpaced["proxy"]["received"]
+    lines += [
+        f"Proxy receives (unpaced): {_n(received.get('receives'))}, of which "
+        f"{_n(received.get('empty_receives'))} empty; "
+        f"{_n(received.get('messages_per_receive'), 1)} messages per non-empty receive. "
+        f"Goal proxy >= {section['target_throughput_ratio']:g}x direct throughput: "
+        f"{'**met**' if section['goal_met'] else 'not met'}.",
+        "",
+    ]
+    return lines
+
+
+def _pair(summary: JSON) -> str:
+    return f"{_ms(summary.get('p50'))} / {_ms(summary.get('p95'))}"
+
+
 SECTIONS: list[tuple[str, Callable[[JSON], list[str]]]] = [
     ("e2e", _e2e),
     ("latency", _latency),
@@ -581,6 +687,7 @@ SECTIONS: list[tuple[str, Callable[[JSON], list[str]]]] = [
     ("producer", _producer),
     ("transactional", _transactional),
     ("backlog", _backlog),
+    ("proxy", _proxy),
     ("profile", _profile),
 ]
 

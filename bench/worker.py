@@ -283,7 +283,8 @@ def _delivery(message: Any) -> str:
 
 def role_consume_kmq(a: JSON) -> None:
     """One kmq consumer (and one application thread) per logical queue: receive, ack. With
-    ``batch_ack``: receive_many(100), then one durable ack_many() per batch."""
+    ``batch_ack``: receive_many(``batch_size``, default 100), then one durable ack_many() per
+    batch."""
     queues: list[str] = a["queues"]
     quota = a["count"] // len(queues)
     deadline = time.monotonic() + a["timeout_s"]
@@ -293,6 +294,7 @@ def role_consume_kmq(a: JSON) -> None:
     nack_pct: int = a.get("nack_pct", 0)
     work_s: float = a.get("work_ms", 0.0) / 1000
     want_ids: bool = a.get("record_ids", False)
+    batch_size: int = a.get("batch_size", 100)
     svc = _kmq_service(a)
     consumers = [
         svc.queue(q).consumer(
@@ -308,7 +310,7 @@ def role_consume_kmq(a: JSON) -> None:
         consumer, tally = consumers[i], tallies[i]
         try:
             while not tally.done and time.monotonic() < deadline:
-                batch = consumer.receive_many(100, timeout_s=0.2)
+                batch = consumer.receive_many(batch_size, timeout_s=0.2)
                 if not batch:
                     continue
                 now_ns = time.monotonic_ns()
@@ -583,6 +585,244 @@ def role_tracker_rss(a: JSON) -> None:
     emit("result", **run_rss(a))
 
 
+# -- section 8: the HTTP proxy (kmq serve) ----------------------------------------------
+
+
+def _http_client(a: JSON) -> Any:
+    """An httpx client of the proxy with the bench's bearer token (keep-alive)."""
+    import httpx
+
+    return httpx.Client(
+        base_url=a["url"],
+        headers={"Authorization": f"Bearer {a['token']}"},
+        timeout=a.get("http_timeout_s", 60.0),
+    )
+
+
+def _b64(data: bytes) -> str:
+    import base64
+
+    return base64.b64encode(data).decode("ascii")
+
+
+def role_batch_send(a: JSON) -> None:
+    """Send ``count`` stamped payloads in durable batches of ``batch`` from ``threads``
+    threads, unpaced or at ``rate`` messages/s. ``side`` "proxy": one ``POST
+    /v1/queues/{q}/messages/batch`` per batch (its own keep-alive client per thread); "kmq":
+    ``kmq.Producer.send(wait=False)`` per message, then ``flush()`` per batch. Either way a
+    batch is on the broker before its thread sends the next."""
+    count: int = a["count"]
+    size: int = a.get("size", 100)
+    batch: int = a["batch"]
+    rate: float = a.get("rate", 0.0)
+    n_threads: int = a["threads"]
+    batches = -(-count // batch)
+    send_batch: Callable[[int, list[bytes]], None]
+    closers: list[Callable[[], None]] = []
+    if a["side"] == "proxy":
+        clients = [_http_client(a) for _ in range(n_threads)]
+        path = f"/v1/queues/{a['queue']}/messages/batch"
+        for client in clients:  # open every connection before the clock starts
+            client.get("/v1/health").raise_for_status()
+            closers.append(client.close)
+
+        def send_batch(thread: int, payloads: list[bytes]) -> None:
+            body = {"messages": [{"body": _b64(p)} for p in payloads]}
+            r = clients[thread].post(path, json=body)
+            if r.status_code != 201:
+                raise RuntimeError(f"batch send: {r.status_code} {r.text[:300]}")
+
+    else:
+        svc = _kmq_service(a)
+        producer = svc.queue(a["queue"]).producer()
+        svc.kafka_producer()
+        svc.queue_partition_count()
+        closers.append(partial(svc.close, timeout_s=10))
+
+        def send_batch(thread: int, payloads: list[bytes]) -> None:
+            for payload in payloads:
+                producer.send(payload, wait=False)
+            producer.flush(timeout_s=30)
+
+    lock = threading.Lock()
+    next_batch = [0]
+    first = 0.0  # set just before the threads start
+    round_trips_ms: list[float] = []
+    errors: list[str] = []
+
+    def run(thread: int) -> None:
+        try:
+            while True:
+                with lock:
+                    k = next_batch[0]
+                    next_batch[0] += 1
+                if k >= batches:
+                    return
+                if rate > 0:
+                    delay = first + k * batch / rate - time.monotonic()
+                    if delay > 0:
+                        time.sleep(delay)
+                start = k * batch
+                payloads = [make_payload(i, size) for i in range(start, min(count, start + batch))]
+                t0 = time.perf_counter()
+                send_batch(thread, payloads)
+                elapsed_ms = (time.perf_counter() - t0) * 1000
+                with lock:
+                    round_trips_ms.append(elapsed_ms)
+        except Exception as exc:
+            with lock:
+                errors.append(repr(exc))
+                next_batch[0] = batches  # the others stop too
+
+    workers = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n_threads)]
+    emit("ready")
+    cpu0 = time.process_time()
+    first = time.monotonic()
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    last = time.monotonic()
+    cpu_s = time.process_time() - cpu0
+    for close in closers:
+        close()
+    if errors:
+        raise RuntimeError(f"sender errors: {errors[:3]}")
+    from bench.common import summarize
+
+    emit(
+        "result",
+        count=count,
+        first_send=first,
+        last_send=last,
+        flushed=last,
+        cpu_s=cpu_s,
+        batch_round_trip_ms=summarize(round_trips_ms),
+    )
+
+
+def role_proxy_receive(a: JSON) -> None:
+    """``clients`` threads, each with its own keep-alive HTTP client of the proxy: ``POST
+    .../receive`` (``max_messages``, long poll ``wait_s``), then one ``POST .../ack`` of the
+    batch's receipts, until ``count`` distinct messages are acked.
+
+    Before it says ready it sends one probe message through the proxy and receives and acks
+    it: the proxy's consumer of the queue has then joined its group and fetches, and its
+    producer knows the queue's partitions, so neither start-up is timed."""
+    import base64
+
+    from bench.common import rss_kb, summarize
+
+    count: int = a["count"]
+    queue: str = a["queue"]
+    max_messages: int = a["max_messages"]
+    wait_s: float = a.get("wait_s", 1.0)
+    warmup: int = a.get("warmup", 0)
+    base = f"/v1/queues/{queue}"
+    clients = [_http_client(a) for _ in range(a["clients"])]
+
+    probe = clients[0]
+    r = probe.post(f"{base}/messages", json={"body": _b64(make_payload(-1, 16))})
+    if r.status_code != 201:
+        raise RuntimeError(f"probe send: {r.status_code} {r.text[:300]}")
+    deadline = time.monotonic() + 90
+    while True:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the probe message never came back through the proxy")
+        r = probe.post(f"{base}/receive", json={"max_messages": 10, "wait_s": 1.0})
+        r.raise_for_status()
+        got = r.json()["messages"]
+        if got:
+            receipts = [m["receipt"] for m in got]
+            probe.post(f"{base}/ack", json={"receipts": receipts}).raise_for_status()
+            break
+    for client in clients[1:]:
+        client.get("/v1/health").raise_for_status()
+
+    lock = threading.Lock()
+    acked: set[int] = set()
+    latency_ms: list[float] = []
+    stats = {"receives": 0, "empty_receives": 0, "messages": 0, "duplicates": 0,
+             "redeliveries": 0}  # fmt: skip
+    marks: dict[str, float] = {}
+    errors: list[str] = []
+    stop_at = time.monotonic() + a["timeout_s"]
+
+    def run(i: int) -> None:
+        client = clients[i]
+        try:
+            while time.monotonic() < stop_at:
+                with lock:
+                    if len(acked) >= count:
+                        return
+                r = client.post(
+                    f"{base}/receive", json={"max_messages": max_messages, "wait_s": wait_s}
+                )
+                if r.status_code != 200:
+                    raise RuntimeError(f"receive: {r.status_code} {r.text[:300]}")
+                got = r.json()["messages"]
+                now_ns = time.monotonic_ns()
+                if not got:
+                    with lock:
+                        stats["receives"] += 1
+                        stats["empty_receives"] += 1
+                    continue
+                seen: list[tuple[int, int, int]] = []
+                for m in got:
+                    seq, sent_ns = read_payload(base64.b64decode(m["body"]))
+                    seen.append((seq, sent_ns, m["attempt"]))
+                r = client.post(f"{base}/ack", json={"receipts": [m["receipt"] for m in got]})
+                if r.status_code != 200:
+                    raise RuntimeError(f"ack: {r.status_code} {r.text[:300]}")
+                acked_at = time.monotonic()
+                with lock:
+                    stats["receives"] += 1
+                    stats["messages"] += len(got)
+                    marks.setdefault("first_recv", now_ns / 1e9)
+                    marks["last_ack"] = acked_at
+                    for seq, sent_ns, attempt in seen:
+                        if seq < 0:
+                            continue
+                        if attempt > 1:
+                            stats["redeliveries"] += 1
+                        else:
+                            latency_ms.append((now_ns - sent_ns) / 1e6)
+                        if seq in acked:
+                            stats["duplicates"] += 1
+                        acked.add(seq)
+        except Exception as exc:
+            with lock:
+                errors.append(repr(exc))
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(clients))]
+    emit("ready")
+    cpu0 = time.process_time()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    cpu_s = time.process_time() - cpu0
+    for client in clients:
+        client.close()
+    receives = stats["receives"] - stats["empty_receives"]
+    emit(
+        "result",
+        acked=len(acked),
+        duplicates=stats["duplicates"],
+        redeliveries=stats["redeliveries"],
+        first_recv=marks.get("first_recv"),
+        last_ack=marks.get("last_ack"),
+        done=marks.get("last_ack"),
+        receives=stats["receives"],
+        empty_receives=stats["empty_receives"],
+        messages_per_receive=stats["messages"] / receives if receives else None,
+        latency_ms=summarize(latency_ms[warmup:]),
+        cpu_s=cpu_s,
+        rss_kb=rss_kb(os.getpid()),
+        errors=errors,
+    )
+
+
 ROLES: dict[str, Callable[[JSON], None]] = {
     "produce": role_produce,
     "consume-raw": role_consume_raw,
@@ -591,6 +831,8 @@ ROLES: dict[str, Callable[[JSON], None]] = {
     "producer-bench": role_producer_bench,
     "tracker-core": role_tracker_core,
     "tracker-rss": role_tracker_rss,
+    "batch-send": role_batch_send,
+    "proxy-receive": role_proxy_receive,
 }
 
 
