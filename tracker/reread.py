@@ -4,8 +4,11 @@ The tracker keeps no payloads: a START names its record by lane (queue or retry 
 partition and offset, and a redelivery reads that record again. Deliveries due in one round
 usually lie close together, so each partition is read forward once per cluster of nearby
 offsets. A scan has a time budget: what it found by then is redelivered, what it did not
-reach waits a round, and only reading *past* an offset (or to the partition's end) proves
-its record gone.
+reach waits a round, and only the reader's position moving *past* an offset proves its record
+gone: read past, skipped as an aborted transaction's record, or below the log start
+(retention; the reader then resets to the earliest offset). Every record a START names
+existed when the START was written, so the partition's end is never proof: a high
+watermark the reader learnt before its seek may be older than the record.
 """
 
 from __future__ import annotations
@@ -55,8 +58,8 @@ class ReadResult:
     found: dict[int, Record] = field(default_factory=dict)
     """By delivery key."""
     gone: list[Due] = field(default_factory=list)
-    """Read past (or to the end) without finding them: deleted by retention, or never
-    there (an aborted transaction's record)."""
+    """Read past without finding them: deleted by retention, or an aborted transaction's
+    record."""
     waiting: list[Due] = field(default_factory=list)
     """Not reached in time: try again next round."""
 
@@ -96,13 +99,13 @@ class RecordReader:
                 continue
             tp = TopicPartition(topic, partition)
             for cluster in clusters(list(by_offset)):
-                found, reached, ended = self._scan(tp, cluster, deadline)
+                found, reached = self._scan(tp, cluster, deadline)
                 for offset in cluster:
                     for due in by_offset[offset]:
                         record = found.get(offset)
                         if record is not None:
                             result.found[due.key] = record
-                        elif offset < reached or ended:
+                        elif offset < reached:
                             result.gone.append(due)
                         else:
                             result.waiting.append(due)
@@ -110,9 +113,9 @@ class RecordReader:
 
     def _scan(
         self, tp: TopicPartition, offsets: list[int], deadline: float
-    ) -> tuple[dict[int, Record], int, bool]:
-        """Records at ``offsets`` (sorted) found by reading forward from the first; the
-        offset the scan reached; whether it reached the partition's end."""
+    ) -> tuple[dict[int, Record], int]:
+        """Records at ``offsets`` (sorted) found by reading forward from the first, and
+        the offset the reader's position reached."""
         wanted = set(offsets)
         first, last = offsets[0], offsets[-1]
         reader = self._reader
@@ -129,10 +132,16 @@ class RecordReader:
                     )
                 reached = r.offset + 1
                 if r.offset >= last:
-                    return found, reached, False
+                    return found, reached
             if not records:
+                # Skipped aborted records, or reset past the log start: the position moved.
+                position = reader.position(tp)
+                reached = max(reached, position)
+                if reached > last:
+                    return found, reached
                 highwater = reader.highwater(tp)
-                if highwater is not None and reader.position(tp) >= highwater:
-                    return found, max(reached, highwater), True
+                if highwater is not None and position >= highwater:
+                    # Nothing more to read now; what is not reached waits for a round.
+                    return found, reached
             if time.monotonic() >= deadline:
-                return found, reached, False
+                return found, reached

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracker.reread import SCAN_GAP, clusters
+from kmq.markers import QUEUE_LANE
+from kmq.records import delivery_key, split_key
+from tracker.reread import SCAN_GAP, RecordReader, clusters
+from tracker.state import Due
 
 
 @pytest.mark.parametrize(
@@ -45,3 +49,103 @@ def test_clusters_partition_the_sorted_offsets(offsets: list[int], gap: int) -> 
         assert all(b - a <= gap for a, b in itertools.pairwise(cluster))
     for before, after in itertools.pairwise(out):
         assert after[0] - before[-1] > gap
+
+
+# -- RecordReader against a stub consumer ---------------------------------------------------
+
+
+class _Rec:
+    def __init__(self, partition: int, offset: int) -> None:
+        self.partition, self.offset = partition, offset
+        self.key, self.value, self.headers = b"q", f"v{offset}".encode(), [("kmq.id", b"x")]
+
+
+class _StubReader:
+    """A consumer over one partition: ``log`` holds the offsets that exist (read_committed
+    view); ``polls`` scripts how many records each poll may return (0: the fetch has not
+    come back yet). ``highwater`` is what the consumer last learnt, possibly stale;
+    ``log_start`` models retention (a seek below it resets to it)."""
+
+    def __init__(
+        self, log: list[int], *, highwater: int | None, polls: list[int], log_start: int = 0
+    ) -> None:
+        self.log, self._highwater, self.polls, self.log_start = log, highwater, polls, log_start
+        self._position = 0
+        self.tp: Any = None
+
+    def assign(self, partitions: list[Any]) -> None:
+        self.tp = partitions[0]
+
+    def seek(self, partition: Any, offset: int) -> None:
+        self._position = max(offset, self.log_start)
+
+    def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> dict[Any, list[_Rec]]:
+        allowed = self.polls.pop(0) if self.polls else 10**9
+        out = [o for o in self.log if o >= self._position][: min(allowed, max_records or 10**9)]
+        if out:
+            self._position = out[-1] + 1
+        elif allowed:  # a fetch came back: skipped (aborted) offsets are passed, end learnt
+            end = max(self.log, default=self._position - 1) + 1
+            self._highwater = max(self._highwater or 0, end, self._position)
+            self._position = max(self._position, self._highwater)
+        return {self.tp: [_Rec(self.tp.partition, o) for o in out]} if out else {}
+
+    def highwater(self, partition: Any) -> int | None:
+        return self._highwater
+
+    def position(self, partition: Any) -> int:
+        return self._position
+
+
+def _due(offset: int, partition: int = 1) -> Due:
+    return Due(
+        marker_partition=0,
+        key=delivery_key(QUEUE_LANE, partition, offset),
+        start_offset=0,
+        attempt_step=1,
+        reason="nacked",
+        max_attempts=5,
+        dead_letter_queue="",
+    )
+
+
+def _read(reader: _StubReader, offsets: list[int]) -> tuple[list[int], list[int], list[int]]:
+    result = RecordReader(reader, {QUEUE_LANE: "q"}, scan_timeout_s=0.0).read(
+        [_due(o) for o in offsets]
+    )
+    found = sorted(split_key(k)[2] for k in result.found)
+    return found, sorted(split_key(d.key)[2] for d in result.gone), sorted(
+        split_key(d.key)[2] for d in result.waiting
+    )
+
+
+def test_a_stale_high_watermark_never_makes_a_record_gone() -> None:
+    # The chaos run that lost a message: the reader last fetched this partition when it
+    # ended at 2800; the record at 2821 came later, and the first poll after the seek
+    # returned nothing in time. The old reader called 2821 gone.
+    reader = _StubReader(list(range(2700, 2830)), highwater=2800, polls=[0])
+    assert _read(reader, [2821]) == ([], [], [2821])
+    # The next round's fetch comes back: found.
+    assert _read(reader, [2821]) == ([2821], [], [])
+
+
+def test_read_past_is_gone_found_is_found() -> None:
+    reader = _StubReader([10, 11, 13, 14], highwater=15, polls=[])  # 12: an aborted record
+    assert _read(reader, [11, 12, 14]) == ([11, 14], [12], [])
+
+
+def test_an_aborted_record_at_the_end_is_gone_once_the_position_passes_it() -> None:
+    # 12 was an aborted record and the abort marker 13 ends the partition: the consumer's
+    # position moves to 14 without returning anything.
+    reader = _StubReader([10, 11], highwater=14, polls=[])
+    assert _read(reader, [12]) == ([], [12], [])
+
+
+def test_below_the_log_start_is_gone() -> None:
+    reader = _StubReader([50, 51], highwater=52, polls=[], log_start=50)
+    assert _read(reader, [7, 51]) == ([51], [7], [])
+
+
+def test_not_reached_in_time_waits() -> None:
+    reader = _StubReader(list(range(100)), highwater=100, polls=[5])
+    assert _read(reader, [1, 90]) == ([1], [], [90])
