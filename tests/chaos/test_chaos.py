@@ -473,7 +473,7 @@ def test_chaos(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
         )
         report = check(run, ledgers, markers, queue_log)
         (run_dir / "run.json").write_text(json.dumps(asdict(run), indent=1), encoding="utf-8")
-        details = _details(report, ledgers, markers, cluster, run_dir)
+        details = _details(report, ledgers, markers, queue_log, cluster, run_dir)
         say(report.summary(params.describe()) + f" drained_in={drained_in:.0f}s")
 
     expected = params.messages
@@ -565,7 +565,12 @@ def _progress(cluster: Cluster, proxy: FaultProxy, elapsed_s: float) -> str:
 
 
 def _details(
-    report: Report, ledgers: Ledgers, markers: MarkerLog, cluster: Cluster, run_dir: Path
+    report: Report,
+    ledgers: Ledgers,
+    markers: MarkerLog,
+    queue_log: QueueLog,
+    cluster: Cluster,
+    run_dir: Path,
 ) -> str:
     """Write what a failure needs to a file in run_dir; return its first lines."""
     lines = [
@@ -603,6 +608,18 @@ def _details(
                 f"  ledger {event.id} {event.kind} by {event.worker} at {event.t:.3f} "
                 f"attempt={event.attempt} record={event.delivery}"
             )
+    # Where each lost message's records are, and who took the records next to them: a
+    # message never started was skipped by whoever read past it.
+    lost = set(report.lost[:200])
+    places = {d: i for d, i in queue_log.names.items() if i in lost}
+    for (lane, partition, offset), message_id in sorted(places.items()):
+        lines.append(f"  record {message_id} lane={lane} partition={partition} offset={offset}")
+        for event in ledgers.events:
+            e_lane, e_partition, e_offset = event.delivery
+            if (e_lane, e_partition) == (lane, partition) and abs(e_offset - offset) <= 10:
+                lines.append(
+                    f"    neighbour {e_offset} {event.kind} by {event.worker} at {event.t:.3f}"
+                )
     for slot in cluster.slots:
         lines.append(f"slot {slot.kind}{slot.index}: {slot.generations} incarnations")
     path = run_dir / "chaos-details.txt"
