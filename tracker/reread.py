@@ -4,11 +4,12 @@ The tracker keeps no payloads: a START names its record by lane (queue or retry 
 partition and offset, and a redelivery reads that record again. Deliveries due in one round
 usually lie close together, so each partition is read forward once per cluster of nearby
 offsets. A scan has a time budget: what it found by then is redelivered, what it did not
-reach waits a round, and only the reader's position moving *past* an offset proves its record
-gone: read past, skipped as an aborted transaction's record, or below the log start
-(retention; the reader then resets to the earliest offset). Every record a START names
-existed when the START was written, so the partition's end is never proof: a high
-watermark the reader learnt before its seek may be older than the record.
+reach waits a round. A record is gone when the reader's position moves past it (read past,
+skipped as an aborted transaction's record, or a reset past the log start after retention),
+or when two scans in a row, each with a partition state of its own, found the partition
+ending before it (a START naming a record that never existed). A high watermark the reader
+learnt before its seek proves nothing: it may be older than the record, and every record a
+real START names existed when the START was written.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ SCAN_RECORDS = 500
 """Records per poll of a re-read scan."""
 SCAN_GAP = 5000
 """Offsets further apart than this are fetched by separate seeks, not one scan."""
+_MAX_PAST_END = 100_000
 
 
 class _Reader(Protocol):
@@ -58,8 +60,8 @@ class ReadResult:
     found: dict[int, Record] = field(default_factory=dict)
     """By delivery key."""
     gone: list[Due] = field(default_factory=list)
-    """Read past without finding them: deleted by retention, or an aborted transaction's
-    record."""
+    """Read past without finding them (deleted by retention, or an aborted transaction's
+    record), or past the partition's end twice."""
     waiting: list[Due] = field(default_factory=list)
     """Not reached in time: try again next round."""
 
@@ -84,6 +86,8 @@ class RecordReader:
         self._reader = reader
         self._topics = topics
         self._scan_timeout_s = scan_timeout_s
+        self._past_end: set[int] = set()
+        """Delivery keys a scan found beyond the partition's end once."""
 
     def read(self, wanted: list[Due]) -> ReadResult:
         result = ReadResult()
@@ -99,26 +103,37 @@ class RecordReader:
                 continue
             tp = TopicPartition(topic, partition)
             for cluster in clusters(list(by_offset)):
-                found, reached = self._scan(tp, cluster, deadline)
+                found, reached, end = self._scan(tp, cluster, deadline)
                 for offset in cluster:
                     for due in by_offset[offset]:
                         record = found.get(offset)
                         if record is not None:
+                            self._past_end.discard(due.key)
                             result.found[due.key] = record
-                        elif offset < reached:
+                            continue
+                        past_end = end is not None and offset >= end
+                        if offset < reached or (past_end and due.key in self._past_end):
+                            self._past_end.discard(due.key)
                             result.gone.append(due)
                         else:
+                            if past_end:
+                                self._past_end.add(due.key)
                             result.waiting.append(due)
+        if len(self._past_end) > _MAX_PAST_END:  # keys of deliveries settled meanwhile
+            self._past_end.clear()
         return result
 
     def _scan(
         self, tp: TopicPartition, offsets: list[int], deadline: float
-    ) -> tuple[dict[int, Record], int]:
-        """Records at ``offsets`` (sorted) found by reading forward from the first, and
-        the offset the reader's position reached."""
+    ) -> tuple[dict[int, Record], int, int | None]:
+        """Records at ``offsets`` (sorted) found by reading forward from the first; the
+        offset the reader's position reached; the partition's end, if the scan got there."""
         wanted = set(offsets)
         first, last = offsets[0], offsets[-1]
         reader = self._reader
+        # A partition state of this scan's own: the high watermark it learns is then from a
+        # fetch after this seek, not one from an earlier scan.
+        reader.assign([])
         reader.assign([tp])
         reader.seek(tp, first)
         found: dict[int, Record] = {}
@@ -132,16 +147,15 @@ class RecordReader:
                     )
                 reached = r.offset + 1
                 if r.offset >= last:
-                    return found, reached
+                    return found, reached, None
             if not records:
                 # Skipped aborted records, or reset past the log start: the position moved.
                 position = reader.position(tp)
                 reached = max(reached, position)
                 if reached > last:
-                    return found, reached
+                    return found, reached, None
                 highwater = reader.highwater(tp)
                 if highwater is not None and position >= highwater:
-                    # Nothing more to read now; what is not reached waits for a round.
-                    return found, reached
+                    return found, reached, highwater
             if time.monotonic() >= deadline:
-                return found, reached
+                return found, reached, None

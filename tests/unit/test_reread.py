@@ -67,13 +67,31 @@ class _StubReader:
     ``log_start`` models retention (a seek below it resets to it)."""
 
     def __init__(
-        self, log: list[int], *, highwater: int | None, polls: list[int], log_start: int = 0
+        self,
+        log: list[int],
+        *,
+        highwater: int | None,
+        polls: list[int],
+        log_start: int = 0,
+        end: int | None = None,
+        stale: bool = False,
     ) -> None:
         self.log, self._highwater, self.polls, self.log_start = log, highwater, polls, log_start
+        self.end = end if end is not None else max(log, default=-1) + 1
+        """The partition's true end (aborted records and control records count)."""
+        self.stale = stale
+        """The high watermark survives a new assignment (a fetch answered late)."""
         self._position = 0
         self.tp: Any = None
+        self.assignments: list[list[Any]] = []
+        self.record_reader: RecordReader | None = None
 
     def assign(self, partitions: list[Any]) -> None:
+        self.assignments.append(list(partitions))
+        if not partitions:
+            if not self.stale:
+                self._highwater = None  # a fresh partition state
+            return
         self.tp = partitions[0]
 
     def seek(self, partition: Any, offset: int) -> None:
@@ -85,9 +103,8 @@ class _StubReader:
         if out:
             self._position = out[-1] + 1
         elif allowed:  # a fetch came back: skipped (aborted) offsets are passed, end learnt
-            end = max(self.log, default=self._position - 1) + 1
-            self._highwater = max(self._highwater or 0, end, self._position)
-            self._position = max(self._position, self._highwater)
+            self._highwater = self.end
+            self._position = max(self._position, self.end)
         return {self.tp: [_Rec(self.tp.partition, o) for o in out]} if out else {}
 
     def highwater(self, partition: Any) -> int | None:
@@ -110,9 +127,10 @@ def _due(offset: int, partition: int = 1) -> Due:
 
 
 def _read(reader: _StubReader, offsets: list[int]) -> tuple[list[int], list[int], list[int]]:
-    result = RecordReader(reader, {QUEUE_LANE: "q"}, scan_timeout_s=0.0).read(
-        [_due(o) for o in offsets]
-    )
+    """One round: the same RecordReader for the same stub, as in the daemon."""
+    if reader.record_reader is None:
+        reader.record_reader = RecordReader(reader, {QUEUE_LANE: "q"}, scan_timeout_s=0.0)
+    result = reader.record_reader.read([_due(o) for o in offsets])
     found = sorted(split_key(k)[2] for k in result.found)
     return found, sorted(split_key(d.key)[2] for d in result.gone), sorted(
         split_key(d.key)[2] for d in result.waiting
@@ -123,10 +141,19 @@ def test_a_stale_high_watermark_never_makes_a_record_gone() -> None:
     # The chaos run that lost a message: the reader last fetched this partition when it
     # ended at 2800; the record at 2821 came later, and the first poll after the seek
     # returned nothing in time. The old reader called 2821 gone.
-    reader = _StubReader(list(range(2700, 2830)), highwater=2800, polls=[0])
-    assert _read(reader, [2821]) == ([], [], [2821])
-    # The next round's fetch comes back: found.
-    assert _read(reader, [2821]) == ([2821], [], [])
+    for stale in (False, True):  # True: even if the old end outlives the new assignment
+        reader = _StubReader(list(range(2700, 2830)), highwater=2800, polls=[0], stale=stale)
+        assert _read(reader, [2821]) == ([], [], [2821])
+        assert reader.assignments[:2] == [[], [reader.tp]]  # a partition state of its own
+        # The next round's fetch comes back: found.
+        assert _read(reader, [2821]) == ([2821], [], [])
+
+
+def test_a_start_naming_a_record_past_the_end_is_gone_after_two_scans() -> None:
+    reader = _StubReader([10, 11], highwater=None, polls=[])
+    assert _read(reader, [500]) == ([], [], [500])
+    assert _read(reader, [500]) == ([], [500], [])
+    assert _read(reader, [500]) == ([], [], [500])  # counted once; a new round starts over
 
 
 def test_read_past_is_gone_found_is_found() -> None:
@@ -137,7 +164,7 @@ def test_read_past_is_gone_found_is_found() -> None:
 def test_an_aborted_record_at_the_end_is_gone_once_the_position_passes_it() -> None:
     # 12 was an aborted record and the abort marker 13 ends the partition: the consumer's
     # position moves to 14 without returning anything.
-    reader = _StubReader([10, 11], highwater=14, polls=[])
+    reader = _StubReader([10, 11], highwater=None, polls=[], end=14)
     assert _read(reader, [12]) == ([], [12], [])
 
 
