@@ -14,6 +14,7 @@ from kmq.errors import (
     MessageStateError,
     MessageTooLargeError,
 )
+from kmq.kafka_clients import KafkaSecurity
 from kmq.message import Message
 from kmq.policy import RetryPolicy
 from kmq.producer import Producer
@@ -31,6 +32,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidMessageError",
     "InvalidQueueError",
+    "KafkaSecurity",
     "KmqError",
     "MarkerDecodeError",
     "Message",

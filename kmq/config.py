@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kmq.errors import ConfigError
+from kmq.kafka_clients import PLAINTEXT, KafkaConnection, KafkaSecurity
 
 AT_LEAST_ONCE = "at_least_once"
 AT_MOST_ONCE = "at_most_once"
@@ -36,6 +37,11 @@ def check_seconds(value: object, what: str, *, maximum: float = MAX_REDELIVERY_T
     if not 0 < value <= maximum:  # also rejects NaN and infinities
         raise ConfigError(f"{what} must be > 0 and <= {maximum:g} s, got {value!r}")
     return float(value)
+
+
+def check_security(security: object) -> None:
+    if not isinstance(security, KafkaSecurity):
+        raise ConfigError(f"security must be a kmq.KafkaSecurity, got {type(security).__name__}")
 
 
 def retry_topic_for(queue_topic: str) -> str:
@@ -84,9 +90,12 @@ class ServiceConfig:
     """Consumer-group session timeout. Apache Kafka accepts 6,000 ms and up by default."""
     request_timeout_ms: int = 30_000
     client_id: str = "kmq"
+    security: KafkaSecurity = PLAINTEXT
+    """TLS and SASL settings of every Kafka client (default: PLAINTEXT)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bootstrap_servers", normalize_bootstrap(self.bootstrap_servers))
+        check_security(self.security)
         check_topic(self.queue_topic, "queue_topic")
         check_topic(self.marker_topic, "marker_topic")
         check_topic(self.control_topic, "control_topic")
@@ -121,6 +130,13 @@ class ServiceConfig:
     @property
     def redelivery_timeout_ms(self) -> int:
         return round(self.redelivery_timeout_s * 1000)
+
+    @property
+    def connection(self) -> KafkaConnection:
+        """What every Kafka client of the service is built from."""
+        return KafkaConnection(
+            self.bootstrap_servers, self.security, self.client_id, self.request_timeout_ms
+        )
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.errors import KafkaError
 from kafka.structs import MemberState, OffsetAndMetadata
 
-from kmq import join_fix
+from kmq import kafka_clients
 from kmq.assignor import LayoutAssignor
 from kmq.config import AT_MOST_ONCE, MAX_REDELIVERY_TIMEOUT_S, ConsumerConfig
 from kmq.errors import (
@@ -169,17 +169,16 @@ class Consumer:
             self._rc.subscribe([self._retry_topic])
             self._txn: KafkaProducer | None = None
             if config.transactional:
-                self._txn = KafkaProducer(
-                    bootstrap_servers=cfg.bootstrap_servers,
-                    client_id=f"{cfg.client_id}-txn",
+                self._txn = kafka_clients.producer(
+                    cfg.connection,
+                    "txn",
                     transactional_id=f"{self.group_id}-{uuid.uuid4().hex[:12]}",
                     acks="all",
                     enable_idempotence=True,
                     max_request_size=cfg.max_message_bytes,
-                    request_timeout_ms=cfg.request_timeout_ms,
                 )
                 self._txn.init_transactions()
-        except KafkaError as exc:
+        except (KafkaError, BrokerError) as exc:
             self._writer.close(1.0)
             raise BrokerError(f"cannot start consumer for queue {queue.id!r}: {exc}") from exc
         self._thread = threading.Thread(
@@ -191,10 +190,9 @@ class Consumer:
         self, group_id: str, declared: Any, fetch_max_wait_ms: int, name: str = "consumer"
     ) -> KafkaConsumer:
         cfg = self._svc_config
-        join_fix.apply()
-        return KafkaConsumer(
-            bootstrap_servers=cfg.bootstrap_servers,
-            client_id=f"{cfg.client_id}-{name}",
+        return kafka_clients.consumer(  # installs kmq.join_fix: a group member
+            cfg.connection,
+            name,
             group_id=group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",

@@ -14,10 +14,12 @@ import threading
 import time
 from collections.abc import Callable
 
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import TopicPartition
 from kafka.errors import KafkaError
 
+from kmq import kafka_clients
 from kmq.errors import BrokerError
+from kmq.kafka_clients import KafkaConnection
 from kmq.layout import TopicLayout, decode_layout, encode_layout
 from kmq.pause import PauseTable, encode_pause
 
@@ -58,7 +60,7 @@ class ControlTable:
 class ControlWatcher:
     """Tails the control topic in a background thread and keeps a :class:`ControlTable`."""
 
-    def __init__(self, bootstrap_servers: str, control_topic: str) -> None:
+    def __init__(self, conn: KafkaConnection | str, control_topic: str) -> None:
         self.table = ControlTable()
         self.caught_up = threading.Event()
         self._topic = control_topic
@@ -66,10 +68,10 @@ class ControlWatcher:
         self._changed = threading.Condition()
         self.version = 0
         """Bumped whenever a record is applied."""
-        self._consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap_servers,
+        self._consumer = kafka_clients.consumer(
+            kafka_clients.connection(conn),
+            "control",
             enable_auto_commit=False,
-            client_id="kmq-control",
             fetch_max_wait_ms=200,
         )
         self._thread = threading.Thread(target=self._run, name="kmq-control", daemon=True)
@@ -143,10 +145,10 @@ class ControlWatcher:
 
 
 def read_control(
-    bootstrap_servers: str, control_topic: str, timeout_s: float = 30.0
+    conn: KafkaConnection | str, control_topic: str, timeout_s: float = 30.0
 ) -> ControlTable:
     """Everything on the control topic now, read once (for short-lived tools)."""
-    watcher = ControlWatcher(bootstrap_servers, control_topic)
+    watcher = ControlWatcher(conn, control_topic)
     try:
         watcher.wait_caught_up(timeout_s)
         return watcher.table
@@ -154,8 +156,8 @@ def read_control(
         watcher.close()
 
 
-def _write(bootstrap_servers: str, control_topic: str, key: bytes, value: bytes) -> None:
-    producer = KafkaProducer(bootstrap_servers=bootstrap_servers, acks="all")
+def _write(conn: KafkaConnection | str, control_topic: str, key: bytes, value: bytes) -> None:
+    producer = kafka_clients.producer(kafka_clients.connection(conn), "control", acks="all")
     try:
         producer.send(control_topic, key=key, value=value).get(30)
     except KafkaError as exc:
@@ -164,11 +166,13 @@ def _write(bootstrap_servers: str, control_topic: str, key: bytes, value: bytes)
         producer.close(timeout=5)
 
 
-def set_pause(bootstrap_servers: str, control_topic: str, queue: str, until_ms: int) -> None:
+def set_pause(conn: KafkaConnection | str, control_topic: str, queue: str, until_ms: int) -> None:
     """Pause ``queue`` until ``until_ms`` (epoch ms); ``0`` resumes it."""
-    _write(bootstrap_servers, control_topic, queue.encode(), encode_pause(until_ms))
+    _write(conn, control_topic, queue.encode(), encode_pause(until_ms))
 
 
-def set_layout(bootstrap_servers: str, control_topic: str, topic: str, layout: TopicLayout) -> None:
+def set_layout(
+    conn: KafkaConnection | str, control_topic: str, topic: str, layout: TopicLayout
+) -> None:
     """Store ``topic``'s layout."""
-    _write(bootstrap_servers, control_topic, layout_key(topic), encode_layout(layout))
+    _write(conn, control_topic, layout_key(topic), encode_layout(layout))

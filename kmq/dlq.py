@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from kafka import KafkaConsumer, TopicPartition
+from kafka import TopicPartition
 from kafka.errors import KafkaError
 
+from kmq import kafka_clients
 from kmq.errors import BrokerError
 from kmq.records import (
     DLQ_ATTEMPTS_HEADER,
@@ -39,8 +40,8 @@ def list_dead_letters(queue: Queue, limit: int = 100, timeout_s: float = 30.0) -
     dlq = svc.queue(queue.dead_letter_queue)
     group = f"kmq.{cfg.queue_topic}.{dlq.id}"
     key = dlq.id.encode()
-    reader = KafkaConsumer(
-        bootstrap_servers=cfg.bootstrap_servers, group_id=group, enable_auto_commit=False
+    reader = kafka_clients.consumer(
+        cfg.connection, "dlq-reader", group_id=group, enable_auto_commit=False
     )
     try:
         partitions = sorted(reader.partitions_for_topic(cfg.queue_topic) or ())

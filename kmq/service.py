@@ -9,8 +9,8 @@ from functools import partial
 from typing import Any
 
 from kafka import KafkaProducer
-from kafka.errors import KafkaError
 
+from kmq import kafka_clients
 from kmq.config import ConsumerConfig, ServiceConfig
 from kmq.consumer import Consumer
 from kmq.control import ControlWatcher, set_layout, set_pause
@@ -86,13 +86,13 @@ class Queue:
                 updated = grown(layout, self.id, min(partitions, layout.partitions))
             except ValueError as exc:
                 raise InvalidArgumentError(str(exc)) from None
-            set_layout(cfg.bootstrap_servers, cfg.control_topic, topic, updated)
+            set_layout(cfg.connection, cfg.control_topic, topic, updated)
             watcher.wait_for(partial(_shows, watcher, topic, updated), timeout_s)
 
     def _set_pause(self, until_ms: int) -> None:
         self.service.ensure_topics()
         cfg = self.service.config
-        set_pause(cfg.bootstrap_servers, cfg.control_topic, self.id, until_ms)
+        set_pause(cfg.connection, cfg.control_topic, self.id, until_ms)
 
     def consumer(self, *, max_in_flight: int = 100, **options: Any) -> Consumer:
         """A consumer of this queue; see :class:`kmq.ConsumerConfig` for ``options``."""
@@ -157,21 +157,14 @@ class Service:
                 raise KmqError("service is closed")
             if self._producer is None:
                 self.ensure_topics()
-                cfg = self.config
-                try:
-                    self._producer = KafkaProducer(
-                        bootstrap_servers=cfg.bootstrap_servers,
-                        client_id=f"{cfg.client_id}-producer",
-                        acks="all",
-                        enable_idempotence=True,
-                        linger_ms=0,  # a waiting send() goes out at once; busy ones batch
-                        max_request_size=cfg.max_message_bytes,
-                        request_timeout_ms=cfg.request_timeout_ms,
-                    )
-                except KafkaError as exc:
-                    raise BrokerError(
-                        f"cannot reach Kafka at {cfg.bootstrap_servers}: {exc}"
-                    ) from exc
+                self._producer = kafka_clients.producer(
+                    self.config.connection,
+                    "producer",
+                    acks="all",
+                    enable_idempotence=True,
+                    linger_ms=0,  # a waiting send() goes out at once; busy ones batch
+                    max_request_size=self.config.max_message_bytes,
+                )
             return self._producer
 
     def control_watcher(self) -> ControlWatcher:
@@ -179,9 +172,7 @@ class Service:
         self.ensure_topics()
         with self._lock:
             if self._watcher is None:
-                self._watcher = ControlWatcher(
-                    self.config.bootstrap_servers, self.config.control_topic
-                )
+                self._watcher = ControlWatcher(self.config.connection, self.config.control_topic)
             return self._watcher
 
     def layout(self, topic: str | None = None) -> TopicLayout | None:

@@ -6,13 +6,15 @@ import logging
 import time
 from collections.abc import Iterable
 
-from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka import KafkaAdminClient, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
+from kmq import kafka_clients
 from kmq.config import ServiceConfig
 from kmq.control import set_layout
 from kmq.errors import BrokerError
+from kmq.kafka_clients import KafkaConnection
 from kmq.layout import TopicLayout
 
 log = logging.getLogger(__name__)
@@ -27,14 +29,8 @@ def ensure_topics(config: ServiceConfig, *, timeout_s: float = 30.0) -> list[str
     queue) written *before* the topic exists, so no process can see the topic without its
     layout.
     """
-    try:
-        admin = KafkaAdminClient(
-            bootstrap_servers=config.bootstrap_servers,
-            client_id=f"{config.client_id}-admin",
-            request_timeout_ms=config.request_timeout_ms,
-        )
-    except KafkaError as exc:
-        raise BrokerError(f"cannot reach Kafka at {config.bootstrap_servers}: {exc}") from exc
+    conn = config.connection
+    admin = kafka_clients.admin(conn)
     created: list[str] = []
     try:
         existing = set(admin.list_topics())
@@ -48,7 +44,7 @@ def ensure_topics(config: ServiceConfig, *, timeout_s: float = 30.0) -> list[str
         for name in (config.queue_topic, config.retry_topic):
             if name not in existing:
                 set_layout(
-                    config.bootstrap_servers,
+                    conn,
                     config.control_topic,
                     name,
                     TopicLayout(config.queue_partitions, config.queue_spread, legacy_end={}),
@@ -87,13 +83,13 @@ def _wait_visible(admin: KafkaAdminClient, names: list[str], deadline: float) ->
 
 
 def high_watermarks(
-    bootstrap_servers: str, tps: Iterable[TopicPartition], timeout_s: float = 30.0
+    conn: KafkaConnection | str, tps: Iterable[TopicPartition], timeout_s: float = 30.0
 ) -> dict[TopicPartition, int]:
     """Each partition's high watermark, read from fetch responses: ListOffsets(latest)
     (``end_offsets()``) answers wrongly on some brokers (the embedded Tansu among them)."""
     wanted = list(tps)
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap_servers, enable_auto_commit=False, fetch_max_wait_ms=50
+    consumer = kafka_clients.consumer(
+        kafka_clients.connection(conn), "offsets", enable_auto_commit=False, fetch_max_wait_ms=50
     )
     try:
         consumer.assign(wanted)
@@ -123,13 +119,13 @@ def give_layout(config: ServiceConfig, spread: int) -> TopicLayout:
     reading every partition, since records of the old layout may still be written."""
     from kmq.control import read_control
 
-    table = read_control(config.bootstrap_servers, config.control_topic)
+    table = read_control(config.connection, config.control_topic)
     current = table.layout(config.queue_topic)
     if current is not None:
         raise BrokerError(f"{config.queue_topic} already has a layout: {current}")
     partitions = _partition_count(config)
     layout = TopicLayout(partitions, min(spread, partitions), legacy_end=None)
-    set_layout(config.bootstrap_servers, config.control_topic, config.queue_topic, layout)
+    set_layout(config.connection, config.control_topic, config.queue_topic, layout)
     return layout
 
 
@@ -139,7 +135,7 @@ def finish_upgrade(config: ServiceConfig) -> TopicLayout:
     partitions that are not its queue's up to there, and then never again."""
     from kmq.control import read_control
 
-    table = read_control(config.bootstrap_servers, config.control_topic)
+    table = read_control(config.connection, config.control_topic)
     current = table.layout(config.queue_topic)
     if current is None:
         raise BrokerError(f"{config.queue_topic} has no layout yet: run `kmq topics layout` first")
@@ -147,7 +143,7 @@ def finish_upgrade(config: ServiceConfig) -> TopicLayout:
         return current
     partitions = _partition_count(config)
     ends = high_watermarks(
-        config.bootstrap_servers,
+        config.connection,
         [TopicPartition(config.queue_topic, p) for p in range(partitions)],
     )
     layout = TopicLayout(
@@ -156,12 +152,12 @@ def finish_upgrade(config: ServiceConfig) -> TopicLayout:
         current.queues,
         legacy_end={tp.partition: end for tp, end in ends.items() if end > 0},
     )
-    set_layout(config.bootstrap_servers, config.control_topic, config.queue_topic, layout)
+    set_layout(config.connection, config.control_topic, config.queue_topic, layout)
     return layout
 
 
 def _partition_count(config: ServiceConfig) -> int:
-    consumer = KafkaConsumer(bootstrap_servers=config.bootstrap_servers)
+    consumer = kafka_clients.consumer(config.connection, "topics")
     try:
         partitions = consumer.partitions_for_topic(config.queue_topic)
     finally:

@@ -9,7 +9,9 @@ from types import FrameType
 
 import click
 
+from kmq.cli.options import security_options
 from kmq.errors import KmqError
+from kmq.kafka_clients import KafkaSecurity
 from tracker.config import TrackerConfig
 
 
@@ -84,6 +86,7 @@ from tracker.config import TrackerConfig
     default="INFO",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
 )
+@security_options
 def main(
     bootstrap_servers: str,
     queue_topic: str,
@@ -98,6 +101,7 @@ def main(
     max_message_bytes: int,
     transactional: bool | None,
     log_level: str,
+    security: KafkaSecurity,
 ) -> None:
     """Track kmq markers and redeliver messages whose lease ran out."""
     logging.basicConfig(
@@ -119,6 +123,7 @@ def main(
             commit_interval_s=commit_interval_s,
             stats_interval_s=stats_interval_s,
             max_message_bytes=max_message_bytes,
+            security=security,
         )
     except KmqError as exc:
         raise click.UsageError(str(exc)) from exc
@@ -128,7 +133,10 @@ def main(
         )
     from tracker.daemon import Tracker
 
-    tracker = Tracker(config)
+    try:
+        tracker = Tracker(config)
+    except KmqError as exc:  # cannot reach the brokers, say: one line, no traceback
+        raise click.ClickException(str(exc)) from exc
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         tracker.stop()

@@ -7,11 +7,13 @@ from dataclasses import dataclass
 from kmq.config import (
     check_positive_int,
     check_seconds,
+    check_security,
     check_topic,
     normalize_bootstrap,
     retry_topic_for,
 )
 from kmq.errors import ConfigError
+from kmq.kafka_clients import PLAINTEXT, KafkaConnection, KafkaSecurity
 
 
 @dataclass(frozen=True)
@@ -37,9 +39,12 @@ class TrackerConfig:
     max_message_bytes: int = 1_000_000
     """The SDK's ``max_message_bytes``: set both the same, or the tracker cannot write the
     copies and dead letters of messages the SDK let through."""
+    security: KafkaSecurity = PLAINTEXT
+    """TLS and SASL settings of every Kafka client (default: PLAINTEXT)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bootstrap_servers", normalize_bootstrap(self.bootstrap_servers))
+        check_security(self.security)
         check_topic(self.queue_topic, "queue_topic")
         check_topic(self.marker_topic, "marker_topic")
         check_topic(self.control_topic, "control_topic")
@@ -63,3 +68,10 @@ class TrackerConfig:
         check_seconds(self.redelivery_retry_s, "redelivery_retry_s", maximum=3600)
         check_seconds(self.stats_interval_s, "stats_interval_s", maximum=86400)
         check_positive_int(self.max_message_bytes, "max_message_bytes", minimum=1024)
+
+    @property
+    def connection(self) -> KafkaConnection:
+        """What every Kafka client of the tracker is built from."""
+        return KafkaConnection(
+            self.bootstrap_servers, self.security, self.client_id, self.request_timeout_ms
+        )

@@ -13,12 +13,12 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaProducer, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
-from kmq import join_fix
+from kmq import kafka_clients
 from kmq.control import ControlWatcher
 from kmq.layout import write_partitions
 from kmq.markers import QUEUE_LANE, RETRY_LANE, encode_entries
@@ -54,10 +54,10 @@ class Tracker:
         self._next_stats = time.monotonic() + config.stats_interval_s
         self._nonce = random.getrandbits(32)
         """Marks this replica's PROBE markers: only its own tell it how far it has read."""
-        join_fix.apply()
-        self._kc = KafkaConsumer(
-            bootstrap_servers=config.bootstrap_servers,
-            client_id=config.client_id,
+        conn = config.connection
+        self._kc = kafka_clients.consumer(  # installs kmq.join_fix: a group member
+            conn,
+            None,  # the tracker's own client id, as is
             group_id=config.group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
@@ -69,22 +69,20 @@ class Tracker:
         )
         self._listener = _Listener()
         self._kc.subscribe([config.marker_topic], listener=self._listener)
-        self._pauses = ControlWatcher(config.bootstrap_servers, config.control_topic)
-        self._reader = KafkaConsumer(
-            bootstrap_servers=config.bootstrap_servers,
-            client_id=f"{config.client_id}-reader",
+        self._pauses = ControlWatcher(conn, config.control_topic)
+        self._reader = kafka_clients.consumer(
+            conn,
+            "reader",
             enable_auto_commit=False,
             auto_offset_reset="earliest",  # below the log start: read on, and call it gone
             isolation_level="read_committed",
-            request_timeout_ms=config.request_timeout_ms,
             fetch_max_wait_ms=50,
         )
-        self._producer = KafkaProducer(  # PROBE markers only: they change nothing
-            bootstrap_servers=config.bootstrap_servers,
-            client_id=f"{config.client_id}-producer",
+        self._producer = kafka_clients.producer(  # PROBE markers only: they change nothing
+            conn,
+            "producer",
             acks="all",
             enable_idempotence=True,
-            request_timeout_ms=config.request_timeout_ms,
         )
         self._writers = PartitionWriters(self._transactional_producer, config.group_id,
                                          config.marker_topic)  # fmt: skip
@@ -96,9 +94,9 @@ class Tracker:
 
     def _transactional_producer(self, transactional_id: str) -> KafkaProducer:
         config = self.config
-        return KafkaProducer(
-            bootstrap_servers=config.bootstrap_servers,
-            client_id=f"{config.client_id}-txn",
+        return kafka_clients.producer(
+            config.connection,
+            "txn",
             transactional_id=transactional_id,
             # kafka-python waits this long before each transactional request it re-queues, and
             # a partition's first round re-queues twice (finding the group's coordinator for
@@ -107,7 +105,6 @@ class Tracker:
             acks="all",
             enable_idempotence=True,
             max_request_size=config.max_message_bytes + _DEAD_LETTER_HEADROOM_BYTES,
-            request_timeout_ms=config.request_timeout_ms,
         )
 
     # -- control ----------------------------------------------------------------------

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from kmq.cli.options import connection_options
+from kmq.kafka_clients import KafkaSecurity
 
 EXIT_CHECK_FAILED = 3
 
@@ -19,6 +20,15 @@ def _pairs(values: tuple[str, ...], what: str) -> dict[str, str]:
             raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint=what)
         out[key.strip()] = value
     return out
+
+
+def _spark_security(security: KafkaSecurity) -> dict[str, str]:
+    from kmq.errors import KmqError
+
+    try:
+        return security.spark_options()
+    except KmqError as exc:
+        raise click.UsageError(str(exc)) from exc
 
 
 @click.command()
@@ -55,6 +65,7 @@ def audit(
     bootstrap_servers: str,
     queue_topic: str,
     marker_topic: str,
+    security: KafkaSecurity,
     output: Path,
     master: str | None,
     queues: tuple[str, ...],
@@ -91,7 +102,9 @@ def audit(
         max_records_per_split=max_records_per_split,
         samples=samples,
         html=not no_html,
-        kafka=_pairs(kafkas, "--kafka"),
+        # The security settings reach every Spark-side client as kafka.<setting> options;
+        # an explicit --kafka setting wins.
+        kafka={**_spark_security(security), **_pairs(kafkas, "--kafka")},
     )
 
     def say(line: str) -> None:

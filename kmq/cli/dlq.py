@@ -6,12 +6,18 @@ import click
 
 from kmq.cli.options import connection_options
 from kmq.errors import KmqError
+from kmq.kafka_clients import KafkaSecurity
 from kmq.service import Service
 
 
-def _service(bootstrap_servers: str, queue_topic: str, marker_topic: str) -> Service:
+def _service(
+    bootstrap_servers: str, queue_topic: str, marker_topic: str, security: KafkaSecurity
+) -> Service:
     return Service(
-        bootstrap_servers=bootstrap_servers, queue_topic=queue_topic, marker_topic=marker_topic
+        bootstrap_servers=bootstrap_servers,
+        queue_topic=queue_topic,
+        marker_topic=marker_topic,
+        security=security,
     )
 
 
@@ -25,13 +31,18 @@ def dlq() -> None:
 @click.argument("queue")
 @click.option("--limit", type=click.IntRange(1), default=100)
 def list_command(
-    bootstrap_servers: str, queue_topic: str, marker_topic: str, queue: str, limit: int
+    bootstrap_servers: str,
+    queue_topic: str,
+    marker_topic: str,
+    security: KafkaSecurity,
+    queue: str,
+    limit: int,
 ) -> None:
     """Show QUEUE's dead letters that no consumer has taken yet."""
     from kmq.dlq import list_dead_letters
 
     try:
-        with _service(bootstrap_servers, queue_topic, marker_topic) as svc:
+        with _service(bootstrap_servers, queue_topic, marker_topic, security) as svc:
             letters = list_dead_letters(svc.queue(queue), limit=limit)
     except KmqError as exc:
         raise click.ClickException(str(exc)) from exc
@@ -48,13 +59,18 @@ def list_command(
 @click.argument("queue")
 @click.option("--limit", type=click.IntRange(1), default=None, help="Move at most this many.")
 def replay_command(
-    bootstrap_servers: str, queue_topic: str, marker_topic: str, queue: str, limit: int | None
+    bootstrap_servers: str,
+    queue_topic: str,
+    marker_topic: str,
+    security: KafkaSecurity,
+    queue: str,
+    limit: int | None,
 ) -> None:
     """Move QUEUE's dead letters back to QUEUE, attempt count reset."""
     from kmq.dlq import replay_dead_letters
 
     try:
-        with _service(bootstrap_servers, queue_topic, marker_topic) as svc:
+        with _service(bootstrap_servers, queue_topic, marker_topic, security) as svc:
             moved = replay_dead_letters(svc.queue(queue), limit=limit)
     except KmqError as exc:
         raise click.ClickException(str(exc)) from exc

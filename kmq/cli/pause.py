@@ -9,6 +9,7 @@ import click
 
 from kmq.cli.options import connection_options
 from kmq.errors import KmqError
+from kmq.kafka_clients import KafkaSecurity
 from kmq.service import Service
 
 _RELATIVE = re.compile(r"^\+?(\d+(?:\.\d+)?)([smhd])$")
@@ -30,13 +31,18 @@ def parse_until(text: str, now: datetime.datetime) -> datetime.datetime:
 
 
 def _queue(
-    bootstrap_servers: str, queue_topic: str, marker_topic: str, control_topic: str
+    bootstrap_servers: str,
+    queue_topic: str,
+    marker_topic: str,
+    control_topic: str,
+    security: KafkaSecurity,
 ) -> Service:
     return Service(
         bootstrap_servers=bootstrap_servers,
         queue_topic=queue_topic,
         marker_topic=marker_topic,
         control_topic=control_topic,
+        security=security,
     )
 
 
@@ -51,6 +57,7 @@ def pause(
     bootstrap_servers: str,
     queue_topic: str,
     marker_topic: str,
+    security: KafkaSecurity,
     control_topic: str,
     queue: str,
     until_text: str,
@@ -60,7 +67,7 @@ def pause(
     if until <= datetime.datetime.now(datetime.UTC):
         raise click.BadParameter(f"{until.isoformat()} is in the past", param_hint="--until")
     try:
-        with _queue(bootstrap_servers, queue_topic, marker_topic, control_topic) as svc:
+        with _queue(bootstrap_servers, queue_topic, marker_topic, control_topic, security) as svc:
             svc.queue(queue).pause(until)
     except KmqError as exc:
         raise click.ClickException(str(exc)) from exc
@@ -74,11 +81,16 @@ def pause(
 )
 @click.argument("queue")
 def resume(
-    bootstrap_servers: str, queue_topic: str, marker_topic: str, control_topic: str, queue: str
+    bootstrap_servers: str,
+    queue_topic: str,
+    marker_topic: str,
+    security: KafkaSecurity,
+    control_topic: str,
+    queue: str,
 ) -> None:
     """End QUEUE's pause now."""
     try:
-        with _queue(bootstrap_servers, queue_topic, marker_topic, control_topic) as svc:
+        with _queue(bootstrap_servers, queue_topic, marker_topic, control_topic, security) as svc:
             svc.queue(queue).resume()
     except KmqError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -6,6 +6,7 @@ import click
 
 from kmq.cli.options import connection_options, control_topic_option
 from kmq.errors import KmqError
+from kmq.kafka_clients import KafkaSecurity
 from kmq.service import Service
 
 
@@ -23,6 +24,7 @@ def spread(
     bootstrap_servers: str,
     queue_topic: str,
     marker_topic: str,
+    security: KafkaSecurity,
     control_topic: str,
     queue_id: str,
     partitions: int,
@@ -35,6 +37,7 @@ def spread(
             marker_topic=marker_topic,
             control_topic=control_topic,
             create_topics=False,
+            security=security,
         ) as svc:
             q = svc.queue(queue_id)
             q.set_spread(partitions)

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from kmq.cli.options import connection_options, control_topic_option
+from kmq.kafka_clients import KafkaSecurity
 
 
 def _text(path: str | None, env: str) -> str | None:
@@ -185,6 +186,7 @@ def serve(
     bootstrap_servers: str,
     queue_topic: str,
     marker_topic: str,
+    security: KafkaSecurity,
     control_topic: str,
     host: str,
     port: int,
@@ -267,6 +269,7 @@ def serve(
             session_timeout_ms=session_timeout_ms,
             max_message_bytes=max_message_bytes,
             client_id="kmq-proxy",
+            security=security,
         )
     except (KmqError, ValueError) as exc:
         raise click.UsageError(str(exc)) from exc

@@ -10,6 +10,7 @@ from kmq.cli.options import connection_options, control_topic_option
 from kmq.config import ServiceConfig
 from kmq.control import read_control
 from kmq.errors import KmqError
+from kmq.kafka_clients import KafkaSecurity
 from kmq.layout import TopicLayout
 from kmq.topics import ensure_topics, finish_upgrade, give_layout
 
@@ -37,6 +38,7 @@ def create(
     bootstrap_servers: str,
     queue_topic: str,
     marker_topic: str,
+    security: KafkaSecurity,
     control_topic: str,
     queue_partitions: int,
     queue_spread: int,
@@ -53,6 +55,7 @@ def create(
         queue_spread=queue_spread,
         marker_partitions=marker_partitions,
         replication_factor=replication_factor,
+        security=security,
     )
     try:
         created = ensure_topics(config)
@@ -93,6 +96,7 @@ def layout(
     bootstrap_servers: str,
     queue_topic: str,
     marker_topic: str,
+    security: KafkaSecurity,
     control_topic: str,
     spread: int | None,
 ) -> None:
@@ -102,6 +106,7 @@ def layout(
         queue_topic=queue_topic,
         marker_topic=marker_topic,
         control_topic=control_topic,
+        security=security,
     )
     found: TopicLayout | None
     try:
@@ -110,7 +115,7 @@ def layout(
                 raise click.BadParameter("must be >= 1", param_hint="--spread")
             found = give_layout(config, spread)
         else:
-            found = read_control(bootstrap_servers, control_topic).layout(queue_topic)
+            found = read_control(config.connection, control_topic).layout(queue_topic)
     except KmqError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(_describe(queue_topic, found))
@@ -119,7 +124,13 @@ def layout(
 @topics.command("finish-upgrade")
 @connection_options
 @control_topic_option
-def finish(bootstrap_servers: str, queue_topic: str, marker_topic: str, control_topic: str) -> None:
+def finish(
+    bootstrap_servers: str,
+    queue_topic: str,
+    marker_topic: str,
+    security: KafkaSecurity,
+    control_topic: str,
+) -> None:
     """Upgrade, step 2: once no kmq 0.1 process writes to the queue topic, bound the old
     layout's records, so groups stop reading other queues' partitions once past them."""
     config = _config(
@@ -127,6 +138,7 @@ def finish(bootstrap_servers: str, queue_topic: str, marker_topic: str, control_
         queue_topic=queue_topic,
         marker_topic=marker_topic,
         control_topic=control_topic,
+        security=security,
     )
     try:
         done = finish_upgrade(config)

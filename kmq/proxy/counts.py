@@ -12,9 +12,10 @@ This is the proxy's one use of Kafka clients outside kmq's public API (kmq has n
 
 from __future__ import annotations
 
-from kafka import KafkaAdminClient, TopicPartition
+from kafka import TopicPartition
 from kafka.errors import KafkaError
 
+from kmq import kafka_clients
 from kmq.errors import BrokerError
 from kmq.service import Service
 from kmq.topics import high_watermarks
@@ -28,14 +29,9 @@ def waiting_messages(service: Service, queue: str, timeout_s: float = 10.0) -> i
         topic: [TopicPartition(topic, p) for p in sorted(service.read_partitions(queue, topic))]
         for topic, _ in lanes
     }
-    highs = high_watermarks(cfg.bootstrap_servers, [tp for tps in wanted.values() for tp in tps],
+    highs = high_watermarks(cfg.connection, [tp for tps in wanted.values() for tp in tps],
                             timeout_s)  # fmt: skip
-    try:
-        admin = KafkaAdminClient(
-            bootstrap_servers=cfg.bootstrap_servers, client_id=f"{cfg.client_id}-proxy-counts"
-        )
-    except KafkaError as exc:
-        raise BrokerError(f"cannot reach Kafka at {cfg.bootstrap_servers}: {exc}") from exc
+    admin = kafka_clients.admin(cfg.connection, "proxy-counts")
     try:
         found = admin.list_group_offsets({group_id: wanted[topic] for topic, group_id in lanes})
         total = 0

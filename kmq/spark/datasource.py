@@ -36,7 +36,7 @@ from kmq.errors import BrokerError, ConfigError, MessageTooLargeError
 from kmq.layout import TopicLayout, write_partitions
 from kmq.records import new_message_id, queue_headers, record_size
 from kmq.spark.columns import MarkerColumns, QueueColumns
-from kmq.spark.kafka_io import open_producer, partition_bounds, read_range
+from kmq.spark.kafka_io import open_producer, partition_bounds, read_range, spark_connection
 from kmq.spark.options import ReadOptions, WriteOptions
 from kmq.spark.schemas import SCHEMAS, check_requested
 from kmq.spark.splits import OffsetRange, ranges_to_read, split_ranges
@@ -74,6 +74,7 @@ class KmqDataSource(DataSource):
             raise ConfigError("a kmq queue is append-only: use mode('append')")
         options = WriteOptions.parse(self.options)
         check_write_schema(schema, has_queue_option=options.queue is not None)
+        conn, _ = spark_connection(options.bootstrap_servers, dict(options.kafka))
         if options.create_topics:
             from kmq.topics import ensure_topics
 
@@ -83,13 +84,12 @@ class KmqDataSource(DataSource):
                     queue_topic=options.topic,
                     marker_topic=options.marker_topic,
                     control_topic=options.control_topic,
+                    security=conn.security,
                 )
             )
         from kmq.control import read_control
 
-        layout = read_control(options.bootstrap_servers, options.control_topic).layout(
-            options.topic
-        )
+        layout = read_control(conn, options.control_topic).layout(options.topic)
         names = set(schema.fieldNames())
         return KmqWriter(
             options, layout, has_queue="queue" in names, has_headers="headers" in names

@@ -15,7 +15,9 @@ from typing import Any
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError
 
+from kmq import kafka_clients
 from kmq.errors import BrokerError
+from kmq.kafka_clients import KafkaConnection, KafkaSecurity
 from kmq.spark.splits import OffsetRange
 
 _READ_DEFAULTS: dict[str, Any] = {
@@ -37,21 +39,29 @@ def _only_known(settings: Mapping[str, Any], known: Mapping[str, Any]) -> dict[s
     return {k: v for k, v in settings.items() if k in known}
 
 
+def spark_connection(
+    bootstrap_servers: str, settings: Mapping[str, Any]
+) -> tuple[KafkaConnection, dict[str, Any]]:
+    """The ``kafka.*`` settings as a checked connection (their security settings) and the
+    remaining kafka-python settings."""
+    security, rest = KafkaSecurity.from_settings(settings)
+    return KafkaConnection(bootstrap_servers, security, client_id="kmq-spark"), rest
+
+
 def open_consumer(
     bootstrap_servers: str, settings: Mapping[str, Any], **overrides: Any
 ) -> KafkaConsumer:
     """A group-less consumer with read-friendly defaults, ``settings`` and ``overrides``."""
-    config = {**_READ_DEFAULTS, **_only_known(settings, KafkaConsumer.DEFAULT_CONFIG), **overrides}
-    try:
-        return KafkaConsumer(bootstrap_servers=bootstrap_servers, **config)
-    except KafkaError as exc:
-        raise BrokerError(f"cannot reach Kafka at {bootstrap_servers}: {exc}") from exc
+    conn, rest = spark_connection(bootstrap_servers, settings)
+    config = {**_READ_DEFAULTS, **_only_known(rest, KafkaConsumer.DEFAULT_CONFIG), **overrides}
+    return kafka_clients.consumer(conn, **config)
 
 
 def open_producer(
     bootstrap_servers: str, settings: Mapping[str, Any], max_request_size: int
 ) -> KafkaProducer:
     """An idempotent ``acks=all`` producer tuned for bulk writes."""
+    conn, rest = spark_connection(bootstrap_servers, settings)
     config: dict[str, Any] = {
         "client_id": "kmq-spark-writer",
         "acks": "all",
@@ -59,12 +69,9 @@ def open_producer(
         "linger_ms": 20,
         "batch_size": 512 * 1024,
         "max_request_size": max_request_size,
-        **_only_known(settings, KafkaProducer.DEFAULT_CONFIG),
+        **_only_known(rest, KafkaProducer.DEFAULT_CONFIG),
     }
-    try:
-        return KafkaProducer(bootstrap_servers=bootstrap_servers, **config)
-    except KafkaError as exc:
-        raise BrokerError(f"cannot reach Kafka at {bootstrap_servers}: {exc}") from exc
+    return kafka_clients.producer(conn, **config)
 
 
 def partition_bounds(
