@@ -25,7 +25,7 @@ from kmq.markers import QUEUE_LANE, RETRY_LANE, encode_entries
 from kmq.records import split_key
 from tracker.config import TrackerConfig
 from tracker.fencing import PartitionWriters
-from tracker.redeliver import Copy, Redeliverer, RoundOutcome, copy_of
+from tracker.redeliver import TXN_TIMEOUT_S, Copy, Redeliverer, RoundOutcome, copy_of
 from tracker.reread import RecordReader
 from tracker.state import Due, PartitionState
 
@@ -102,6 +102,8 @@ class Tracker:
             # a partition's first round re-queues twice (finding the group's coordinator for
             # its offsets): 200 ms of every first redelivery with the default 100.
             retry_backoff_ms=_TXN_RETRY_BACKOFF_MS,
+            # How long init_transactions() may block the loop; claiming is retried next turn.
+            max_block_ms=int(TXN_TIMEOUT_S * 1000),
             acks="all",
             enable_idempotence=True,
             max_request_size=config.max_message_bytes + _DEAD_LETTER_HEADROOM_BYTES,
@@ -283,6 +285,10 @@ class Tracker:
         if outcome.fenced:
             self._fenced(partition)
             return
+        if outcome.stuck:
+            # Its next round claims the partition again with a new producer, which fences
+            # this one and ends its transaction at the broker.
+            self._writers.release(partition, timeout_s=0.0)
         if not outcome.written:
             for copy in copies:
                 self._failed(copy.due)

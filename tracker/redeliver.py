@@ -3,7 +3,6 @@ copies and their markers in one fenced transaction, reporting how it ended."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -23,11 +22,16 @@ from kmq.markers import (
 )
 from kmq.policy import DEAD_LETTER_SUFFIX
 from kmq.records import dead_letter_headers, parse_queue_headers, queue_headers, split_key
+from tracker import txn_wait
 from tracker.fencing import is_fenced
 from tracker.reread import Record
 from tracker.state import Due
+from tracker.txn_wait import TransactionStuck
 
 log = logging.getLogger("kmq.tracker")
+
+TXN_TIMEOUT_S = 10.0
+"""The longest a round waits for its transaction's offset commit, commit or abort."""
 
 _REDELIVERED = int(MarkerType.REDELIVERED)
 _DEAD_LETTERED = int(MarkerType.DEAD_LETTERED)
@@ -82,6 +86,9 @@ class RoundOutcome:
     """All of its copies, their markers and the offset commit are on the broker."""
     fenced: bool = False
     """The broker refused it: another replica has claimed the partition since."""
+    stuck: bool = False
+    """The transaction coordinator did not answer in time: drop the producer and claim
+    the partition again before its next round."""
 
 
 class Redeliverer:
@@ -100,8 +107,10 @@ class Redeliverer:
         retry_topic: str | None,
         marker_topic: str,
         partitions: Callable[[str, str], tuple[int, ...]],
+        txn_timeout_s: float = TXN_TIMEOUT_S,
     ) -> None:
         self._queue_topic = queue_topic
+        self._txn_timeout_s = txn_timeout_s
         self._retry_topic = retry_topic
         self._marker_topic = marker_topic
         self._partitions = partitions
@@ -163,13 +172,20 @@ class Redeliverer:
                 self.send_copy(txn, copy)
                 self.send_marker(txn, copy)
             if offsets:
-                txn.send_offsets_to_transaction(dict(offsets), group_metadata)
-            txn.commit_transaction()
+                txn_wait.send_offsets(txn, offsets, group_metadata, self._txn_timeout_s)
+            txn_wait.commit(txn, self._txn_timeout_s)
+        except TransactionStuck as exc:
+            log.warning("redelivery transaction stuck (%s); claiming the partition again", exc)
+            return RoundOutcome(False, stuck=True)
         except KafkaError as exc:
             if is_fenced(exc):
                 return RoundOutcome(False, fenced=True)
             log.warning("redelivery transaction failed (%r); retrying", exc)
-            with contextlib.suppress(KafkaError):
-                txn.abort_transaction()
+            try:
+                txn_wait.abort(txn, self._txn_timeout_s)
+            except TransactionStuck:
+                return RoundOutcome(False, stuck=True)
+            except KafkaError:
+                pass
             return RoundOutcome(False)
         return RoundOutcome(True)

@@ -30,6 +30,7 @@ from tracker.fencing import PartitionWriters
 from tracker.redeliver import Redeliverer, copy_of
 from tracker.reread import ReadResult, Record
 from tracker.state import Due, PartitionState
+from tracker.txn_wait import TransactionStuck
 
 CONFIG = TrackerConfig(
     "localhost:9092",
@@ -210,6 +211,22 @@ def test_a_failed_round_keeps_the_partition_and_retries() -> None:
     deadline = state.next_deadline()
     assert deadline is not None and deadline >= before + CONFIG.redelivery_retry_s
     assert h.tracker._committed[0] == 5, "no commit for a round that did not happen"
+
+
+def test_a_stuck_round_drops_its_producer_and_the_partition_is_claimed_again() -> None:
+    h = Harness(partitions=(0,))
+    h.producers.fail[0] = {"commit_transaction": TransactionStuck("no answer")}
+    h.claim(0)
+    stuck = h.producers.last(0)
+    h.tracker._redeliver()
+    state = h.states[0]
+    assert h.tracker.partitions() == [0], "the partition is still ours"
+    assert h.writers.claimed() == set() and stuck.closed_with == [0.0]
+    assert state.stats["redelivery_failed"] == 1 and state.stats["fenced"] == 0
+    assert state.in_flight == 1 and h.tracker._committed[0] == 5
+    h.producers.fail[0] = {}
+    h.claim(0)
+    assert h.producers.last(0) is not stuck, "a new producer claims the transactional id"
 
 
 def test_a_written_round_redelivers_and_records_the_commit() -> None:
