@@ -698,30 +698,26 @@ class Consumer:
         text = self._dlq_text
         with self._cond:
             self._leases.started([(m.key, m) for m in messages], now)
-            if text:
-                for m in messages:
-                    entry = (_START, m.lane, m.partition, m.offset, m.attempt, lease_ms,
-                             max_attempts, len(text))  # fmt: skip
-                    flush = self._writer.add(entry, m.marker_partition, text)
-            else:
-                flush = self._writer.add_many(
-                    [
+            # One add_many: every START of the batch goes out in the flush it waits for.
+            flush = self._writer.add_many(
+                [
+                    (
                         (
-                            (
-                                _START,
-                                m.lane,
-                                m.partition,
-                                m.offset,
-                                m.attempt,
-                                lease_ms,
-                                max_attempts,
-                                0,
-                            ),
-                            m.marker_partition,
-                        )
-                        for m in messages
-                    ]
-                )
+                            _START,
+                            m.lane,
+                            m.partition,
+                            m.offset,
+                            m.attempt,
+                            lease_ms,
+                            max_attempts,
+                            len(text),
+                        ),
+                        m.marker_partition,
+                    )
+                    for m in messages
+                ],
+                text,
+            )
         self._writer.flush_soon()
         self._starting.append((batch_, flush, frozenset(m.marker_partition for m in messages)))
 

@@ -143,8 +143,9 @@ class MarkerWriter:
                 self._cond.notify()
             return self._flush
 
-    def add_many(self, items: list[tuple[Entry, int]]) -> Flush:
-        """Queue text-less markers, given as (entry, markers partition), in order."""
+    def add_many(self, items: list[tuple[Entry, int]], text: bytes = b"") -> Flush:
+        """Queue markers, given as (entry, markers partition), in order, all in one flush;
+        ``text``, if any, is every entry's text (its length already in the entries)."""
         with self._cond:
             if self._closing:
                 raise RuntimeError("marker writer is closed")
@@ -154,6 +155,8 @@ class MarkerWriter:
                 if bucket is None:
                     bucket = pending[partition] = []
                 bucket.append(entry)
+                if text:
+                    self._texts.setdefault(partition, []).append(text)
             if not self._count:
                 self._first_at = time.monotonic()
             self._count += len(items)

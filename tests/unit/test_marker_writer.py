@@ -142,6 +142,26 @@ def test_add_many_keeps_order_across_partitions(writers: list[MarkerWriter]) -> 
     assert by_partition == {p: [e for e, q in items if q == p] for p in range(3)}
 
 
+def test_add_many_with_a_text_puts_every_entry_in_the_one_flush_it_returns(
+    writers: list[MarkerWriter],
+) -> None:
+    # A queue with its own dead-letter queue names it in every START. The batch waits for
+    # one flush, so every START must ride in it (one add() each could straddle two flushes,
+    # and the batch would be handed out before its first STARTs were acknowledged).
+    producer = StubProducer()
+    writer = make(writers, producer, flush_at=3)
+    text = b"orders.dead"
+    items = [(entry(S, i, text), i % 2) for i in range(10)]
+    flush = writer.add_many(items, text)
+    writer.flush_soon()
+    assert flush.wait(WAIT_S) and not flush.errors
+    got = {p: (entries, texts) for p, entries, texts in producer.records()}
+    assert got == {
+        p: ([e for e, q in items if q == p], [text] * sum(1 for _, q in items if q == p))
+        for p in range(2)
+    }
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     texts=st.lists(st.binary(max_size=40), min_size=1, max_size=40),
