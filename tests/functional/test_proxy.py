@@ -466,8 +466,15 @@ def test_fifty_clients_on_one_queue_of_four_partitions_all_get_messages(
     for t in threads:
         t.join(60)
     assert not errors, errors
-    assert all(len(ids) == 1 for ids in got.values())
-    assert len({i for ids in got.values() for i in ids}) == clients, (
-        "each message went to one client"
-    )
+    assert all(len(ids) == 1 for ids in got.values()), "every client got a message"
+    sent = set(r.json()["ids"])
+    taken = {i for ids in got.values() for i in ids}
+    assert taken <= sent
+    # Usually each client gets a different message. A rebalance of the replica's consumer
+    # (a heartbeat missed on a loaded machine) may deliver a message twice, which
+    # at-least-once allows; the messages the clients did not get then are delivered next.
+    rest = receive(a, queue, len(sent - taken), wait_s=5.0)
+    assert sent - taken <= {m["id"] for m in rest}, "a message was lost"
+    if rest:
+        assert settle(a, queue, "ack", [m["receipt"] for m in rest]).status_code == 200
     assert clients > PARTITIONS
