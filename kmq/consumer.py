@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 from zlib import crc32
@@ -770,10 +770,7 @@ class Consumer:
             with self._cond:
                 for message in actions.dropped:
                     self._leases.settle(message.key)
-        for tp, offset in actions.seek.items():
-            # A partition revoked meanwhile raises here; its new owner reads it anyway.
-            with contextlib.suppress(Exception):
-                self._client(tp).seek(tp, offset)
+        self._seek(actions.seek)
         if actions.hand_out and not self._stop.is_set():
             self._hand_out(actions.hand_out)
 
@@ -858,14 +855,11 @@ class Consumer:
         started, and the next batch's commit would skip it for good: most likely how a chaos
         run lost a message that no worker ever started, and how a paused queue's test missed
         its only message."""
-        for tp, batch in records.items():
-            if batch:
-                # A partition revoked meanwhile raises here; its new owner reads it anyway.
-                with contextlib.suppress(Exception):
-                    self._kc.seek(tp, batch[0].offset)
+        self._seek({tp: batch[0].offset for tp, batch in records.items() if batch})
 
-    def _seek(self, firsts: dict[TopicPartition, int]) -> None:
+    def _seek(self, firsts: Mapping[TopicPartition, int]) -> None:
         for tp, offset in firsts.items():
+            # A partition revoked meanwhile raises here; its new owner reads it anyway.
             with contextlib.suppress(Exception):
                 self._client(tp).seek(tp, offset)
 

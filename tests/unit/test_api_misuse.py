@@ -441,6 +441,7 @@ def test_records_a_paused_poll_returns_are_read_again_not_dropped() -> None:
     consumer = Consumer.__new__(Consumer)
     stub = Seeks()
     consumer._kc = stub
+    consumer._retry_topic = "q.retry"
     a, b, gone = TopicPartition("q", 0), TopicPartition("q", 1), TopicPartition("q", 9)
     consumer._unread({a: [Rec(41), Rec(42)], b: [], gone: [Rec(7)]})
     assert stub.seeks == [(a, 41)]
