@@ -34,18 +34,23 @@ def send_offsets(
 
 
 def commit(producer: Any, timeout_s: float) -> None:
-    fallback = producer_call(producer, "commit")
-    _wait(producer, lambda m: m.begin_commit(), fallback, timeout_s, "commit")
+    _wait(
+        producer,
+        lambda m: m.begin_commit(),
+        lambda: producer.commit_transaction(),
+        timeout_s,
+        "commit",
+    )
 
 
 def abort(producer: Any, timeout_s: float) -> None:
-    fallback = producer_call(producer, "abort")
-    _wait(producer, lambda m: m.begin_abort(), fallback, timeout_s, "abort")
-
-
-def producer_call(producer: Any, step: str) -> Callable[[], None]:
-    """``producer.<step>_transaction()``, called later."""
-    return lambda: getattr(producer, f"{step}_transaction")()
+    _wait(
+        producer,
+        lambda m: m.begin_abort(),
+        lambda: producer.abort_transaction(),
+        timeout_s,
+        "abort",
+    )
 
 
 def _wait(
