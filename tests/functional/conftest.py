@@ -186,6 +186,14 @@ def children() -> Iterator[Children]:
     kids.cleanup()
 
 
+@pytest.fixture(scope="module")
+def kids() -> Iterator[Children]:
+    """Child processes that live as long as the test module (proxy replicas, say)."""
+    children = Children()
+    yield children
+    children.cleanup()
+
+
 def tracker_argv(config: TrackerConfig) -> list[str]:
     return [
         "-m", "tracker",

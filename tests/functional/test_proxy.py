@@ -55,13 +55,6 @@ def ptracker(broker: Broker, ptopics: Topics) -> Iterator[RunningTracker]:
 
 
 @pytest.fixture(scope="module")
-def kids() -> Iterator[Children]:
-    children = Children()
-    yield children
-    children.cleanup()
-
-
-@pytest.fixture(scope="module")
 def replicas(
     broker: Broker,
     ptopics: Topics,

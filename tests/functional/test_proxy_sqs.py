@@ -61,13 +61,6 @@ def stracker(broker: Broker, stopics: Topics) -> Iterator[RunningTracker]:
 
 
 @pytest.fixture(scope="module")
-def kids() -> Iterator[Children]:
-    children = Children()
-    yield children
-    children.cleanup()
-
-
-@pytest.fixture(scope="module")
 def replica(
     broker: Broker,
     stopics: Topics,
