@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kafka.errors import KafkaError
 
-from kmq.errors import BrokerError, MessageTooLargeError
+from kmq.errors import BrokerError, KmqError, MessageTooLargeError
 from kmq.records import new_message_id, queue_headers, record_size
 from kmq.validation import check_headers, check_payload
 
@@ -44,6 +45,45 @@ class Producer:
         ``wait=False`` it returns at once; call :meth:`flush` before relying on delivery.
         Bad input raises before anything is written.
         """
+        body, user_headers = self._checked(payload, headers)
+        message_id = new_message_id()
+        self._write(message_id, body, user_headers, wait=wait)
+        return message_id
+
+    def send_many(
+        self, items: Sequence[tuple[bytes, Mapping[str, bytes] | None]]
+    ) -> list[str | KmqError]:
+        """Send every ``(payload, headers)`` pipelined: all are written without waiting,
+        then each is awaited. Returns, in order, each one's message id once the broker has
+        it, or the error that item failed with; one item failing stops no other."""
+        pending: list[tuple[str, Any] | KmqError] = []
+        for payload, headers in items:
+            try:
+                body, user_headers = self._checked(payload, headers)
+                message_id = new_message_id()
+                pending.append((message_id, self._write(message_id, body, user_headers,
+                                                        wait=False)))  # fmt: skip
+            except KmqError as exc:
+                pending.append(exc)
+        deadline = time.monotonic() + self._timeout_s
+        out: list[str | KmqError] = []
+        for item in pending:
+            if isinstance(item, KmqError):
+                out.append(item)
+                continue
+            message_id, future = item
+            try:
+                future.get(timeout=max(0.0, deadline - time.monotonic()))
+            except KafkaError as exc:
+                out.append(BrokerError(f"send to queue {self._queue.id!r} failed: {exc}"))
+            else:
+                out.append(message_id)
+        return out
+
+    def _checked(
+        self, payload: bytes, headers: Mapping[str, bytes] | None
+    ) -> tuple[bytes, Sequence[tuple[str, bytes]]]:
+        """The payload and headers to write, or an error if they may not be sent."""
         body = payload if type(payload) is bytes else check_payload(payload)
         user_headers = check_headers(headers) if headers else ()
         rough = len(body)
@@ -51,9 +91,7 @@ class Producer:
             rough += len(name) * 4 + len(value) + 16  # varints of each header
         if rough + _SLACK_BYTES > self._limit:
             self._check_size(body, user_headers)
-        message_id = new_message_id()
-        self._write(message_id, body, user_headers, wait=wait)
-        return message_id
+        return body, user_headers
 
     def _write(
         self,

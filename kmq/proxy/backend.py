@@ -180,24 +180,10 @@ class Backend:
     async def send(
         self, queue: str, items: Sequence[tuple[bytes, Mapping[str, bytes] | None]]
     ) -> list[str | BaseException]:
-        """Send each item, concurrently; an id or the error for each, in order. Returns
-        once the broker holds every one that succeeded."""
+        """Send the items in one pipelined round (:meth:`kmq.Producer.send_many`); an id or
+        the error for each, in order. Returns once the broker holds every one that succeeded."""
         producer = self._producer(queue)
-        if len(items) == 1:
-            try:
-                return [await self.call(producer.send, items[0][0], items[0][1])]
-            except KmqError as exc:
-                return [exc]
-        results = await asyncio.gather(
-            *(self.call(producer.send, payload, headers) for payload, headers in items),
-            return_exceptions=True,
-        )
-        out: list[str | BaseException] = []
-        for r in results:
-            if isinstance(r, BaseException) and not isinstance(r, Exception):
-                raise r  # cancellation and the like
-            out.append(r)
-        return out
+        return list(await self.call(producer.send_many, items))
 
     # -- receiving ----------------------------------------------------------------------------
 
