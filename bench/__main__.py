@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             session_ms = args.session_timeout_ms or 6000
             broker_pid: int | None = None
         else:
-            from kmq.embedded import EmbeddedBroker
+            from kmq.dev.embedded import EmbeddedBroker
 
             embedded = stack.enter_context(EmbeddedBroker(log_path=work_dir / "tansu.log"))
             bootstrap, broker = (

@@ -23,7 +23,7 @@ from typing import Any
 from kafka import KafkaAdminClient
 from kafka.admin import NewTopic
 
-from kmq.embedded import die_with_parent
+from kmq.dev.embedded import die_with_parent
 
 JSON = dict[str, Any]
 

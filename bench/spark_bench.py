@@ -27,7 +27,7 @@ from typing import Any
 from kafka import KafkaProducer, TopicPartition
 
 from kmq.config import ServiceConfig
-from kmq.embedded import EmbeddedBroker
+from kmq.dev.embedded import EmbeddedBroker
 from kmq.markers import Marker, MarkerType, encode
 from kmq.records import dead_letter_headers, parse_queue_headers, queue_headers
 from kmq.spark.kafka_io import open_consumer, partition_bounds

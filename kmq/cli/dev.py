@@ -1,4 +1,4 @@
-"""``kmq dev``: run the embedded broker in the foreground."""
+"""``kmq dev``: run the embedded broker in the foreground (the ``kmq[dev]`` extra)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 
 import click
 
-from kmq.embedded import EmbeddedBroker
+from kmq.errors import KmqError
 
 
 @click.command()
@@ -17,14 +17,22 @@ def dev(port: int | None) -> None:
 
     Data lives in memory only and is gone when this command stops (Ctrl-C).
     """
+    from kmq.dev.embedded import EmbeddedBroker, broker_binary
+
+    try:
+        broker_binary()  # without the kmq[dev] extra: one clear line, before anything starts
+        broker = EmbeddedBroker(port=port).start()
+    except KmqError as exc:
+        raise click.ClickException(str(exc)) from None
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
-    with EmbeddedBroker(port=port) as broker:
+    try:
         click.echo(f"KMQ_BOOTSTRAP_SERVERS={broker.bootstrap_servers}", color=False)
         click.echo("embedded broker running; Ctrl-C stops it", err=True)
-        try:
-            while not done.wait(0.5):
-                if broker.process is None or broker.process.poll() is not None:
-                    raise click.ClickException("embedded broker exited")
-        except KeyboardInterrupt:
-            pass
+        while not done.wait(0.5):
+            if broker.process is None or broker.process.poll() is not None:
+                raise click.ClickException("embedded broker exited")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        broker.stop()

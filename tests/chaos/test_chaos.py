@@ -51,7 +51,7 @@ import pytest
 
 import kmq
 from kmq.config import retry_topic_for
-from kmq.embedded import EmbeddedBroker
+from kmq.dev.embedded import EmbeddedBroker
 from kmq.topics import ensure_topics
 from tests.chaos.ledger import (
     Incarnation,

@@ -19,7 +19,7 @@ import pytest
 
 import kmq
 from kmq.config import retry_topic_for
-from kmq.embedded import EmbeddedBroker
+from kmq.dev.embedded import EmbeddedBroker
 from kmq.topics import ensure_topics
 from tests.functional.helpers import Children
 from tracker.config import TrackerConfig
@@ -219,7 +219,7 @@ def worker_argv(
     hang_after: int = -1,
 ) -> list[str]:
     return [
-        "-m", "kmq.demo_worker",
+        "-m", "kmq.dev.demo_worker",
         "--bootstrap-servers", broker.bootstrap_servers,
         "--queue-topic", topics.queue,
         "--marker-topic", topics.markers,

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 _PARENT = """
 import time
-from kmq.embedded import EmbeddedBroker
+from kmq.dev.embedded import EmbeddedBroker
 broker = EmbeddedBroker().start()
 print(broker.process.pid, flush=True)
 time.sleep(600)

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 import kmq
 from kmq.cli import main as kmq_cli
-from kmq.embedded import EmbeddedBroker, free_port
+from kmq.dev.embedded import EmbeddedBroker, free_port
 from tests.functional.conftest import Topics, tracker_argv
 from tests.functional.helpers import Children
 from tests.functional.tls import TlsTerminator, make_ca, make_server_cert

