@@ -18,6 +18,7 @@ from kmq.proxy.auth import AuthError, QueuePatterns
 from kmq.proxy.context import Proxy, proxy, watch_disconnect
 from kmq.proxy.errors import ApiError, from_kmq
 from kmq.proxy.handles import HandleError
+from kmq.proxy.leased import LeasedResponse
 from kmq.receipts import Receipt
 from kmq.validation import check_queue_id
 
@@ -191,7 +192,12 @@ async def receive(params: m.ReceiveIn, request: Request, queue: Queue) -> JSONRe
         }
         for d, handle in zip(deliveries, handles, strict=True)
     ]
-    return JSONResponse({"messages": messages})
+    if not messages:
+        return JSONResponse({"messages": []})
+    return LeasedResponse(
+        {"messages": messages},
+        lambda: ctx.backend.release_soon(deliveries, "client gone before its answer was written"),
+    )
 
 
 @router.post("/queues/{queue:path}/ack", response_model=m.SettledOut, responses=_ERRORS,

@@ -23,8 +23,10 @@ from kmq.errors import (
 )
 from kmq.proxy import sqs
 from kmq.proxy.auth import AccessKey, AuthError, SignedRequest, verify_sigv4
+from kmq.proxy.backend import Delivery
 from kmq.proxy.context import Proxy, proxy, watch_disconnect
 from kmq.proxy.handles import HandleError
+from kmq.proxy.leased import LeasedResponse
 from kmq.proxy.sqs import SqsError
 from kmq.receipts import Receipt
 
@@ -64,7 +66,8 @@ async def handle(request: Request) -> Response:
             )
         action = sqs.parse_action(request.headers.get("x-amz-target"))
         body = sqs.parse_body(raw)
-        result = await _ACTIONS[action](_Call(ctx, request, key, body))
+        call = _Call(ctx, request, key, body)
+        result = await _ACTIONS[action](call)
     except SqsError as exc:
         return _error(exc)
     except AuthError as exc:
@@ -74,6 +77,13 @@ async def handle(request: Request) -> Response:
     except Exception:
         log.exception("SQS request failed")
         return _error(SqsError("InternalError", "internal error", 500, sender=False))
+    leased = call.leased
+    if leased:
+        return LeasedResponse(
+            result,
+            lambda: ctx.backend.release_soon(leased, "client gone before its answer was written"),
+            media_type=sqs.CONTENT_TYPE,
+        )
     return Response(json.dumps(result), media_type=sqs.CONTENT_TYPE)
 
 
@@ -94,13 +104,15 @@ def _authenticate(ctx: Proxy, request: Request, body: bytes) -> AccessKey:
 
 
 class _Call:
-    __slots__ = ("body", "ctx", "key", "request")
+    __slots__ = ("body", "ctx", "key", "leased", "request")
 
     def __init__(self, ctx: Proxy, request: Request, key: AccessKey, body: Body) -> None:
         self.ctx = ctx
         self.request = request
         self.key = key
         self.body = body
+        self.leased: list[Delivery] = []
+        """Messages the answer hands out: released if it cannot be written."""
 
     @property
     def base_url(self) -> str:
@@ -264,6 +276,7 @@ async def _receive_message(call: _Call) -> Body:
         )
         for d, h in zip(deliveries, handles, strict=True)
     ]
+    call.leased = deliveries
     return {"Messages": messages} if messages else {}
 
 
