@@ -139,6 +139,23 @@ def test_send_receive_ack_is_binary_safe_and_acks_stick(a: httpx.Client) -> None
     assert receive(a, queue, 1, wait_s=2.0) == []
 
 
+def test_a_batch_reports_each_entry_and_a_failed_one_stops_no_other(a: httpx.Client) -> None:
+    queue = qname()
+    too_large = b"x" * 1_100_000  # over max_message_bytes, under --max-body-bytes
+    bodies = [b"first", too_large, b"last"]
+    r = a.post(f"/v1/queues/{queue}/messages/batch",
+               json={"messages": [{"body": b64(body)} for body in bodies]})  # fmt: skip
+    assert r.status_code == 200, r.text
+    ids, failed = r.json()["ids"], r.json()["failed"]
+    assert ids[1] is None and isinstance(ids[0], str) and isinstance(ids[2], str)
+    assert [(f["index"], f["code"]) for f in failed] == [(1, "message_too_large")]
+    got = receive(a, queue, 3, wait_s=3.0, visibility_s=30.0)
+    assert sorted((m["id"], unb64(m["body"])) for m in got) == sorted(
+        [(ids[0], b"first"), (ids[2], b"last")]
+    )
+    assert settle(a, queue, "ack", [m["receipt"] for m in got]).status_code == 200
+
+
 def test_the_sdk_and_the_proxy_share_queues(a: httpx.Client, sdk: kmq.Service) -> None:
     queue = qname()
     from_sdk = sdk.queue(queue).producer().send(b"from the sdk", headers={"h": b"1"})

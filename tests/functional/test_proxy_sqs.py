@@ -163,6 +163,27 @@ def test_send_receive_and_delete_with_attributes(sqs: SQSClient) -> None:
     assert sqs.receive_message(QueueUrl=url, WaitTimeSeconds=2).get("Messages", []) == []
 
 
+def test_a_batch_entry_too_large_fails_alone(sqs: SQSClient) -> None:
+    url = sqs.create_queue(QueueName=qname())["QueueUrl"]
+    entries: list[Any] = [
+        {"Id": "first", "MessageBody": "first"},
+        {"Id": "big", "MessageBody": "x" * 1_100_000},  # over max_message_bytes
+        {"Id": "last", "MessageBody": "last"},
+    ]
+    batch = sqs.send_message_batch(QueueUrl=url, Entries=entries)
+    assert sorted(e["Id"] for e in batch["Successful"]) == ["first", "last"]
+    assert [(e["Id"], e["Code"], e["SenderFault"]) for e in batch["Failed"]] == [
+        ("big", "InvalidParameterValue", True)
+    ]
+    got = receive_all(sqs, url, 3, VisibilityTimeout=30)
+    ids = {e["Id"]: e["MessageId"] for e in batch["Successful"]}
+    assert sorted((m["MessageId"], m["Body"]) for m in got) == sorted(
+        [(ids["first"], "first"), (ids["last"], "last")]
+    )
+    for m in got:
+        sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+
+
 def test_receive_count_visibility_and_a_stale_handle(sqs: SQSClient) -> None:
     url = sqs.create_queue(QueueName=qname())["QueueUrl"]
     sqs.send_message(QueueUrl=url, MessageBody="again and again")
