@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 import signal
-import sys
 from types import FrameType
 
 import click
 
+from kmq import logs
 from kmq.cli.options import security_options
 from kmq.errors import KmqError
 from kmq.kafka_clients import KafkaSecurity
@@ -80,11 +80,35 @@ from tracker.config import TrackerConfig
     help="Accepted for kmq 0.1 deployments and ignored: every round is a transaction now.",
 )
 @click.option(
+    "--request-timeout-ms",
+    envvar="KMQ_REQUEST_TIMEOUT_MS",
+    show_envvar=True,
+    type=int,
+    default=30_000,
+    help="Kafka request timeout, and how long one attempt to reach Kafka may take.",
+)
+@click.option(
+    "--metrics-port",
+    envvar="KMQ_METRICS_PORT",
+    show_envvar=True,
+    type=int,
+    default=0,
+    help="Serve /metrics (Prometheus), /healthz and /readyz on this port; 0: off.",
+)
+@click.option(
     "--log-level",
     envvar="KMQ_LOG_LEVEL",
     show_envvar=True,
     default="INFO",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
+@click.option(
+    "--log-format",
+    envvar="KMQ_LOG_FORMAT",
+    show_envvar=True,
+    default="text",
+    type=click.Choice(logs.FORMATS),
+    help="text, or one JSON object per line.",
 )
 @security_options
 def main(
@@ -100,16 +124,14 @@ def main(
     stats_interval_s: float,
     max_message_bytes: int,
     transactional: bool | None,
+    request_timeout_ms: int,
+    metrics_port: int,
     log_level: str,
+    log_format: str,
     security: KafkaSecurity,
 ) -> None:
     """Track kmq markers and redeliver messages whose lease ran out."""
-    logging.basicConfig(
-        level=log_level.upper(),
-        stream=sys.stdout,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    logging.getLogger("kafka").setLevel(logging.WARNING)
+    logs.configure(log_format, log_level)
     try:
         config = TrackerConfig(
             bootstrap_servers=bootstrap_servers,
@@ -124,6 +146,8 @@ def main(
             stats_interval_s=stats_interval_s,
             max_message_bytes=max_message_bytes,
             security=security,
+            request_timeout_ms=request_timeout_ms,
+            metrics_port=metrics_port,
         )
     except KmqError as exc:
         raise click.UsageError(str(exc)) from exc
@@ -133,10 +157,7 @@ def main(
         )
     from tracker.daemon import Tracker
 
-    try:
-        tracker = Tracker(config)
-    except KmqError as exc:  # cannot reach the brokers, say: one line, no traceback
-        raise click.ClickException(str(exc)) from exc
+    tracker = Tracker(config)  # connects in run(), retrying until Kafka answers
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         tracker.stop()

@@ -41,6 +41,10 @@ class TrackerConfig:
     copies and dead letters of messages the SDK let through."""
     security: KafkaSecurity = PLAINTEXT
     """TLS and SASL settings of every Kafka client (default: PLAINTEXT)."""
+    metrics_port: int = 0
+    """Port of ``/metrics``, ``/healthz`` and ``/readyz``; 0: none."""
+    liveness_timeout_s: float = 60.0
+    """``/healthz`` fails once the run loop has not turned for this long."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bootstrap_servers", normalize_bootstrap(self.bootstrap_servers))
@@ -68,6 +72,10 @@ class TrackerConfig:
         check_seconds(self.redelivery_retry_s, "redelivery_retry_s", maximum=3600)
         check_seconds(self.stats_interval_s, "stats_interval_s", maximum=86400)
         check_positive_int(self.max_message_bytes, "max_message_bytes", minimum=1024)
+        check_positive_int(self.metrics_port, "metrics_port", minimum=0)
+        if self.metrics_port > 65535:
+            raise ConfigError(f"metrics_port must be 0 (none) to 65535, got {self.metrics_port}")
+        check_seconds(self.liveness_timeout_s, "liveness_timeout_s", maximum=86400)
 
     @property
     def connection(self) -> KafkaConnection:

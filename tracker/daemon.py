@@ -6,28 +6,38 @@ and commits what is safe."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-from kafka import KafkaProducer, TopicPartition
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
-from kafka.errors import KafkaError
-from kafka.structs import OffsetAndMetadata
+from kafka.errors import (
+    KafkaConnectionError,
+    KafkaError,
+    KafkaTimeoutError,
+    NodeNotReadyError,
+    RequestTimedOutError,
+)
+from kafka.structs import MemberState, OffsetAndMetadata
 
 from kmq import kafka_clients
 from kmq.control import ControlWatcher
+from kmq.errors import KmqError
 from kmq.layout import write_partitions
 from kmq.markers import QUEUE_LANE, RETRY_LANE, encode_entries
 from kmq.records import split_key
 from tracker.config import TrackerConfig
 from tracker.fencing import PartitionWriters
+from tracker.health import CONNECT_RETRY_MAX_S, BrokerLink, ProbeServer, connect_delays
 from tracker.redeliver import TXN_TIMEOUT_S, Copy, Redeliverer, RoundOutcome, copy_of
 from tracker.reread import RecordReader
 from tracker.state import Due, PartitionState
+from tracker.view import TrackerView, partition_view
 
 log = logging.getLogger("kmq.tracker")
 
@@ -37,10 +47,19 @@ max_message_bytes; a dead letter also carries its origin and last reason as head
 only loosens kafka-python's client-side check: the broker's own limit still applies."""
 _TXN_RETRY_BACKOFF_MS = 20
 """kafka-python's wait before each transactional request it re-queues (default 100 ms)."""
+_UNREACHABLE = (KafkaConnectionError, KafkaTimeoutError, NodeNotReadyError, RequestTimedOutError)
+"""Errors that mean Kafka cannot be reached, rather than that a request was refused."""
 
 
 class Tracker:
-    """One kmq-tracker replica. :meth:`run` blocks until :meth:`stop` is called."""
+    """One kmq-tracker replica. :meth:`run` connects (retrying until Kafka answers) and
+    blocks until :meth:`stop` is called."""
+
+    _kc: KafkaConsumer
+    _reader: KafkaConsumer
+    _producer: KafkaProducer
+    _pauses: ControlWatcher
+    _records: RecordReader
 
     def __init__(self, config: TrackerConfig) -> None:
         self.config = config
@@ -54,7 +73,38 @@ class Tracker:
         self._next_stats = time.monotonic() + config.stats_interval_s
         self._nonce = random.getrandbits(32)
         """Marks this replica's PROBE markers: only its own tell it how far it has read."""
+        self._link = BrokerLink(config.bootstrap_servers, config.session_timeout_ms / 1000)
+        self._connected = False
+        self._assignment_known = False
+        self._last_turn = time.monotonic()
+        self._writers = PartitionWriters(self._transactional_producer, config.group_id,
+                                         config.marker_topic)  # fmt: skip
+        self._topics = {QUEUE_LANE: config.queue_topic, RETRY_LANE: config.retry_topic}
+        self._redeliverer = Redeliverer(
+            config.queue_topic, config.retry_topic, config.marker_topic, self._partitions_of
+        )
+
+    def _open(self) -> None:
+        """Build every Kafka client (:class:`kmq.BrokerError` if Kafka cannot be reached);
+        a failure closes the clients already built."""
+        config = self.config
         conn = config.connection
+        opened: list[Callable[[], object]] = []
+        try:
+            self._open_clients(config, conn, opened)
+        except BaseException:
+            for close in reversed(opened):
+                with contextlib.suppress(Exception):
+                    close()
+            raise
+        self._records = RecordReader(self._reader, self._topics)
+
+    def _open_clients(
+        self,
+        config: TrackerConfig,
+        conn: kafka_clients.KafkaConnection,
+        opened: list[Callable[[], object]],
+    ) -> None:
         self._kc = kafka_clients.consumer(  # installs kmq.join_fix: a group member
             conn,
             None,  # the tracker's own client id, as is
@@ -67,9 +117,11 @@ class Tracker:
             request_timeout_ms=max(config.request_timeout_ms, config.session_timeout_ms + 5000),
             fetch_max_wait_ms=100,
         )
+        opened.append(lambda: self._kc.close(autocommit=False))
         self._listener = _Listener()
         self._kc.subscribe([config.marker_topic], listener=self._listener)
         self._pauses = ControlWatcher(conn, config.control_topic)
+        opened.append(self._pauses.close)
         self._reader = kafka_clients.consumer(
             conn,
             "reader",
@@ -78,18 +130,12 @@ class Tracker:
             isolation_level="read_committed",
             fetch_max_wait_ms=50,
         )
+        opened.append(self._reader.close)
         self._producer = kafka_clients.producer(  # PROBE markers only: they change nothing
             conn,
             "producer",
             acks="all",
             enable_idempotence=True,
-        )
-        self._writers = PartitionWriters(self._transactional_producer, config.group_id,
-                                         config.marker_topic)  # fmt: skip
-        self._topics = {QUEUE_LANE: config.queue_topic, RETRY_LANE: config.retry_topic}
-        self._records = RecordReader(self._reader, self._topics)
-        self._redeliverer = Redeliverer(
-            config.queue_topic, config.retry_topic, config.marker_topic, self._partitions_of
         )
 
     def _transactional_producer(self, transactional_id: str) -> KafkaProducer:
@@ -133,6 +179,29 @@ class Tracker:
         total["in_flight"] = sum(s.in_flight for s in list(self._states.values()))
         return total
 
+    def view(self) -> TrackerView:
+        """What metrics and probes show, read from any thread without stopping the loop."""
+        now = time.monotonic()
+        partitions = tuple(
+            sorted((partition_view(s, now) for s in list(self._states.values())),
+                   key=lambda p: p.partition)
+        )  # fmt: skip
+        totals = Counter(dict(self._retired))
+        for p in partitions:
+            totals.update(p.stats)
+        totals["in_flight"] = sum(p.in_flight for p in partitions)
+        coordinator = getattr(self._kc, "_coordinator", None) if self._connected else None
+        return TrackerView(
+            connecting=not self._connected,
+            broker_up=self._link.up,
+            broker_problem=self._link.problem,
+            group_stable=getattr(coordinator, "state", None) == MemberState.STABLE,
+            assignment_known=self._assignment_known,
+            last_turn_age_s=now - self._last_turn,
+            partitions=partitions,
+            totals=dict(totals),
+        )
+
     # -- loop -------------------------------------------------------------------------
 
     def run(self) -> None:
@@ -142,19 +211,81 @@ class Tracker:
             self.config.queue_topic,
             self.config.group_id,
         )
+        probes = self._start_probes()
+        try:
+            if self._connect():
+                self._loop()
+        finally:
+            if probes is not None:
+                probes.close()
+
+    def _start_probes(self) -> ProbeServer | None:
+        if not self.config.metrics_port:
+            return None
+        from tracker import metrics  # prometheus_client only when it is used
+
+        return ProbeServer(
+            self.config.metrics_port,
+            self.view,
+            metrics.registry(self.view),
+            self.config.liveness_timeout_s,
+        ).start()
+
+    def _connect(self) -> bool:
+        """Build the clients, retrying with backoff until Kafka answers; False if stopped
+        first. Says once why Kafka cannot be reached, and again only if the cause changes."""
+        delays = connect_delays()
+        said = ""
+        while not self._stop.is_set():
+            self._last_turn = time.monotonic()
+            try:
+                self._open()
+            except (KmqError, KafkaError) as exc:
+                delay_s = delays()
+                if str(exc) != said:
+                    said = str(exc)
+                    log.error("%s; retrying in %g s, then at most every %g s", exc, delay_s,
+                              CONNECT_RETRY_MAX_S)  # fmt: skip
+                self._link.problem = str(exc)
+                self._stop.wait(delay_s)
+                continue
+            self._connected = True
+            self._link.connected(time.monotonic())
+            return True
+        return False
+
+    def _loop(self) -> None:
         backoff_s = 0.1
         try:
             while not self._stop.is_set():
+                self._last_turn = time.monotonic()
+                self._link.begin_round()
                 try:
                     self._round()
-                    backoff_s = 0.1
                 except KafkaError as exc:
                     # Broker trouble (a stall, a reset, a rebalance): keep the state, retry.
-                    log.warning("%r; retrying in %.1f s", exc, backoff_s)
+                    self._trouble(exc, "round failed; retrying in %.1f s", backoff_s)
                     self._stop.wait(backoff_s)
                     backoff_s = min(backoff_s * 2, 5.0)
+                    continue
+                self._link.end_round(self._coordinator_known(), time.monotonic())
+                if self._link.up:
+                    backoff_s = 0.1
         finally:
             self._shutdown()
+
+    def _coordinator_known(self) -> bool:
+        coordinator = getattr(self._kc, "_coordinator", None)
+        return getattr(coordinator, "coordinator_id", None) is not None
+
+    def _trouble(self, exc: KafkaError, message: str, *args: object) -> None:
+        """Log a failed Kafka call, but while Kafka is unreachable only the one line
+        :class:`BrokerLink` writes when it is lost (and at DEBUG the rest)."""
+        if isinstance(exc, _UNREACHABLE):
+            self._link.failed(_cause(exc), time.monotonic())
+            log.debug(f"{message} (%r)", *args, exc)
+        else:
+            log.warning(f"{message} (%r)", *args, exc)
 
     def _round(self) -> None:
         self._rebalanced()
@@ -185,7 +316,7 @@ class Tracker:
             try:
                 position = self._kc.position(tp)
             except KafkaError as exc:
-                log.warning("partition %d: position unknown yet (%r)", partition, exc)
+                self._trouble(exc, "partition %d: position unknown yet", partition)
                 continue
             if state.position is None:
                 state.set_position(position)
@@ -193,10 +324,10 @@ class Tracker:
                 # Past the last record it handed us: transaction markers (every redelivery
                 # round ends with one) take offsets too.
                 state.skip_to(position)
-            if state.end_offset is None:
-                highwater = self._kc.highwater(tp)
-                if highwater is not None:
-                    state.set_end_offset(highwater)
+            highwater = self._kc.highwater(tp)
+            if highwater is not None:
+                state.set_end_offset(highwater)  # the first one only: the replay gate
+                state.highwater = highwater
         if (
             self._states
             and not self._caught_up.is_set()
@@ -221,7 +352,7 @@ class Tracker:
                         partition=partition,
                     )
                 except KafkaError as exc:
-                    log.warning("markers partition %d: probe not sent (%r)", partition, exc)
+                    self._trouble(exc, "markers partition %d: probe not sent", partition)
 
     def _redeliver(self) -> None:
         now = time.monotonic()
@@ -240,7 +371,7 @@ class Tracker:
         try:
             result = self._records.read(due)
         except KafkaError as exc:
-            log.warning("cannot re-read records to redeliver (%r); retrying", exc)
+            self._trouble(exc, "cannot re-read records to redeliver; retrying")
             for d in due:
                 self._failed(d)
             return
@@ -280,7 +411,7 @@ class Tracker:
         try:
             outcome = self._redeliverer.round(txn, copies, offsets, self._kc.group_metadata())
         except KafkaError as exc:  # the layout could not be read, say
-            log.warning("markers partition %d: redelivery not started (%r)", partition, exc)
+            self._trouble(exc, "markers partition %d: redelivery not started", partition)
             outcome = RoundOutcome(False)
         if outcome.fenced:
             self._fenced(partition)
@@ -369,7 +500,7 @@ class Tracker:
         try:
             self._kc.commit(offsets)
         except KafkaError as exc:
-            log.warning("offset commit failed (%r); the next owner replays a little more", exc)
+            self._trouble(exc, "offset commit failed; the next owner replays a little more")
             return
         for tp, meta in offsets.items():
             self._committed[tp.partition] = meta.offset
@@ -421,6 +552,7 @@ class Tracker:
         log.info("revoked partitions %s", sorted(partitions))
 
     def _on_assigned(self, assigned: list[int]) -> None:
+        self._assignment_known = True
         for partition in assigned:
             if partition in self._states:
                 continue
@@ -440,6 +572,12 @@ class Tracker:
             self._fresh.add(partition)
         self._caught_up.clear()
         log.info("assigned partitions %s", self.partitions())
+
+
+def _cause(exc: KafkaError) -> str:
+    text = str(exc)
+    name = type(exc).__name__
+    return text if text.startswith(name) else f"{name}: {text}" if text else name
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]

@@ -60,6 +60,8 @@ class _InFlight:
     max_attempts: int
     attempt_step: int = 1
     reason: str = "lease expired"
+    cause: str = "lease_expired"
+    """What made it due, one of :data:`CAUSES` (``reason`` is free text)."""
     redelivering: bool = False
 
 
@@ -76,6 +78,11 @@ _SETTLED = frozenset(
     int(t) for t in (MarkerType.END, MarkerType.REDELIVERED, MarkerType.DEAD_LETTERED)
 )
 _STAT = {int(t): t.name.lower() for t in MarkerType}
+MARKER_TYPES = tuple(name for kind, name in _STAT.items() if kind != _PROBE)
+"""The ``stats`` keys counting markers read, by type."""
+CAUSES = ("lease_expired", "nacked", "released", "rejected")
+"""Why a delivery was redelivered or dead-lettered: ``stats`` counts each outcome under
+``redeliveries:<cause>`` and ``dead_letters:<cause>`` too."""
 _MAX_LEASE_MS = MAX_REDELIVERY_TIMEOUT_S * 1000
 
 
@@ -110,6 +117,10 @@ class PartitionState:
         # In-flight entries by deadline; a keyed list holds no per-entry tuple.
         self._deadlines: SortedKeyList = SortedKeyList(key=_by_deadline)
         self._starts: SortedList = SortedList()  # marker offsets of in-flight STARTs
+        # When each in-flight START's offset was read, oldest first (offsets come in order).
+        self._read_at: dict[int, float] = {}
+        self.highwater: int | None = None
+        """The partition's end, as the last fetch response told it (for the lag metric)."""
         self._dead_letter_queues: dict[int, str] = {}  # only for STARTs naming one
 
     # -- inputs -----------------------------------------------------------------------
@@ -184,16 +195,17 @@ class PartitionState:
         elif kind == _KEEPALIVE:
             self._reschedule(inflight, now + self._lease_s(entry[5]))
         elif kind == _NACK:
-            inflight.attempt_step = 1
+            inflight.attempt_step, inflight.cause = 1, "nacked"
             inflight.reason = text.decode("utf-8", "replace") or "nacked"
             self._reschedule(inflight, now + self._delay_s(entry[5]))
         elif kind == _RELEASE:
-            inflight.attempt_step = 0
+            inflight.attempt_step, inflight.cause = 0, "released"
             inflight.reason = text.decode("utf-8", "replace") or "released"
             self._reschedule(inflight, now)
         elif kind == _REJECT:
             # Dead-letter now: out of attempts whatever attempt it is on.
             inflight.attempt_step, inflight.max_attempts = 1, 1
+            inflight.cause = "rejected"
             inflight.reason = text.decode("utf-8", "replace") or "rejected"
             self._reschedule(inflight, now)
 
@@ -202,7 +214,9 @@ class PartitionState:
         inflight = self._inflight.get(key)
         if inflight is not None:
             self._drop(key, inflight)
-            self.stats["dead_letters" if dead_lettered else "redeliveries"] += 1
+            outcome = "dead_letters" if dead_lettered else "redeliveries"
+            self.stats[outcome] += 1
+            self.stats[f"{outcome}:{inflight.cause}"] += 1
 
     def discard(self, key: int, why: str) -> None:
         """Forget a delivery that cannot be redelivered (its record is gone), counting ``why``."""
@@ -299,6 +313,12 @@ class PartitionState:
     def in_flight(self) -> int:
         return len(self._inflight)
 
+    def oldest_read_at(self) -> float | None:
+        """When the oldest in-flight START was read (this tracker's monotonic clock)."""
+        for read_at in self._read_at.values():
+            return read_at
+        return None
+
     def deliveries(self) -> list[Delivery]:
         return [split_key(key) for key in self._inflight]
 
@@ -323,6 +343,7 @@ class PartitionState:
             self._dead_letter_queues[delivery] = text.decode("utf-8", "replace")
         self._deadlines.add(inflight)
         self._starts.add(offset)
+        self._read_at.setdefault(offset, now)
 
     def _lease_s(self, ms: int) -> float:
         if 0 < ms <= _MAX_LEASE_MS:
@@ -355,5 +376,7 @@ class PartitionState:
         if not inflight.redelivering:
             self._deadlines.discard(inflight)
         self._starts.discard(inflight.start_offset)
+        if inflight.start_offset not in self._starts:
+            self._read_at.pop(inflight.start_offset, None)
         if self._dead_letter_queues:
             self._dead_letter_queues.pop(key, None)
