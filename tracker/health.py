@@ -63,7 +63,7 @@ class BrokerLink:
             self._no_coordinator_since = None
         elif self._no_coordinator_since is None:
             self._no_coordinator_since = now
-        elif now - self._no_coordinator_since > self._grace_s:
+        elif now - self._no_coordinator_since > self._grace_s and self.up:
             self.failed("its group coordinator does not answer", now)
         if self._failed or not coordinator_known or self.up:
             return
