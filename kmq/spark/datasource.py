@@ -17,6 +17,7 @@ from typing import Any
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
+    DataSourceStreamReader,
     DataSourceWriter,
     InputPartition,
     WriterCommitMessage,
@@ -68,6 +69,13 @@ class KmqDataSource(DataSource):
         options = ReadOptions.parse(self.options)
         check_requested(options.kind, schema)
         return KmqReader(options, schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from kmq.spark.stream import KmqStreamReader, StreamOptions
+
+        options = ReadOptions.parse(self.options)
+        check_requested(options.kind, schema)
+        return KmqStreamReader(options, StreamOptions.parse(self.options), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:
@@ -122,21 +130,25 @@ class KmqReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if not isinstance(partition, KafkaSplit):  # an empty plan reads one None partition
             return
-        o = self.options
-        arrow_schema = to_arrow_schema(self.schema)
-        columns = (
-            QueueColumns(arrow_schema, o.queue)
-            if o.kind == "queue"
-            else MarkerColumns(arrow_schema, o.queue)
-        )
-        for records in read_range(
-            o.bootstrap_servers, partition.range, dict(o.kafka), o.idle_timeout_ms
-        ):
-            columns.extend(records)
-            if columns.rows >= o.batch_rows:
-                yield columns.flush()
-        if columns.rows:
+        yield from read_split(self.options, self.schema, partition.range)
+
+
+def read_split(options: ReadOptions, schema: StructType, rng: OffsetRange) -> Iterator[Any]:
+    """The records of ``rng`` as Arrow record batches of ``schema``'s columns (batch and
+    streaming reads share this)."""
+    o = options
+    arrow_schema = to_arrow_schema(schema)
+    columns = (
+        QueueColumns(arrow_schema, o.queue)
+        if o.kind == "queue"
+        else MarkerColumns(arrow_schema, o.queue)
+    )
+    for records in read_range(o.bootstrap_servers, rng, dict(o.kafka), o.idle_timeout_ms):
+        columns.extend(records)
+        if columns.rows >= o.batch_rows:
             yield columns.flush()
+    if columns.rows:
+        yield columns.flush()
 
 
 def check_write_schema(schema: StructType, *, has_queue_option: bool) -> None:

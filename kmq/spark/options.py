@@ -181,3 +181,30 @@ class WriteOptions:
             max_message_bytes=_int(options, "max_message_bytes", 1_000_000, minimum=1024),
             kafka=tuple(sorted(kafka_settings(options).items())),
         )
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """What ``spark.readStream.format("kmq")`` adds to :class:`ReadOptions`."""
+
+    starting_offsets: Literal["earliest", "latest"] | dict[int, int] = "earliest"
+    """Where a new query starts; a restarted query continues from its checkpoint."""
+    max_records_per_trigger: int | None = None
+    """Admission control: at most this many offsets per micro-batch (all partitions)."""
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> StreamOptions:
+        raw = (_get(options, "starting_offsets") or "earliest").strip()
+        starting: Literal["earliest", "latest"] | dict[int, int]
+        if raw.lower() in ("earliest", "latest"):
+            starting = "earliest" if raw.lower() == "earliest" else "latest"
+        else:
+            parsed = parse_offsets(raw, "starting_offsets")
+            starting = parsed if parsed is not None else "earliest"
+        limit = _get(options, "max_records_per_trigger")
+        return cls(
+            starting_offsets=starting,
+            max_records_per_trigger=(
+                None if limit is None else _int(options, "max_records_per_trigger", 1)
+            ),
+        )

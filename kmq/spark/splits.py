@@ -62,3 +62,24 @@ def split_ranges(ranges: list[OffsetRange], max_records: int) -> list[OffsetRang
             out.append(OffsetRange(rng.topic, rng.partition, start, end))
             start = end
     return out
+
+
+def admit(start: Mapping[int, int], latest: Mapping[int, int], max_records: int) -> dict[int, int]:
+    """The end offsets of one micro-batch: ``latest``, or, when that is more than
+    ``max_records`` past ``start``, as far as ``max_records`` shared fairly (a partition that
+    needs less leaves the rest to the others) takes each partition."""
+    if max_records < 1:
+        raise ConfigError(f"max_records_per_trigger must be >= 1, got {max_records}")
+    backlog = {p: max(0, hi - start.get(p, hi)) for p, hi in latest.items()}
+    if sum(backlog.values()) <= max_records:
+        return dict(latest)
+    grant = dict.fromkeys(backlog, 0)
+    budget = max_records
+    waiting = sorted((p for p in backlog if backlog[p]), key=lambda p: (backlog[p], p))
+    while waiting and budget:
+        share = max(1, budget // len(waiting))
+        p = waiting.pop(0)
+        take = min(backlog[p], share, budget)
+        grant[p] = take
+        budget -= take
+    return {p: (start.get(p, hi) + grant[p] if backlog[p] else hi) for p, hi in latest.items()}
