@@ -11,6 +11,7 @@ from kmq.cli.dlq import dlq
 from kmq.cli.pause import pause, resume
 from kmq.cli.queue import queue
 from kmq.cli.serve import serve
+from kmq.cli.status import status
 from kmq.cli.topics import topics
 
 
@@ -28,3 +29,4 @@ main.add_command(resume)
 main.add_command(queue)
 main.add_command(audit)
 main.add_command(serve)
+main.add_command(status)
