@@ -120,3 +120,27 @@ def test_status_of_an_unknown_queue_is_a_clear_error(
     assert result.exit_code == 1
     assert "unknown queue 'nope'" in result.output
     assert "Traceback" not in result.output
+
+
+def test_status_counts_the_retry_lane_in_backlog_and_redeliveries(
+    service: kmq.Service, topics: Topics, tracker: Tracker
+) -> None:
+    queue = service.queue("mail")
+    producer = queue.producer()
+    for i in range(5):
+        producer.send(b"mail %d" % i)
+    with queue.consumer(max_in_flight=2) as consumer:
+        taken: list[kmq.Message] = []
+
+        def take() -> bool:
+            taken.extend(consumer.receive_many(2 - len(taken), 0.2))
+            return len(taken) == 2
+
+        wait_until(take, 30, "two messages")
+    # Closing released both: the tracker copies them to the retry topic, where no one reads.
+    wait_until(lambda: tracker.stats()["redeliveries"] == 2, 30, "the two copies")
+    result = _status(service.config.bootstrap_servers, topics, tracker.config.group_id, "--json")
+    assert result.exit_code == 0, result.output
+    (mail,) = json.loads(result.output)["queues"]
+    assert (mail["queue"], mail["backlog_records"], mail["redeliveries"]) == ("mail", 5, 2)
+    assert (mail["in_flight"], mail["oldest_in_flight_age_s"], mail["exact"]) == (0, None, True)
