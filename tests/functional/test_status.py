@@ -120,6 +120,10 @@ def test_status_of_an_unknown_queue_is_a_clear_error(
     assert result.exit_code == 1
     assert "unknown queue 'nope'" in result.output
     assert "Traceback" not in result.output
+    missing = Topics("nosuch.queue", topics.markers, topics.control)
+    result = _status(workload.config.bootstrap_servers, missing, tracker.config.group_id)
+    assert result.exit_code == 1
+    assert result.output == "Error: topic nosuch.queue does not exist (wrong topic option?)\n"
 
 
 def test_status_counts_the_retry_lane_in_backlog_and_redeliveries(
