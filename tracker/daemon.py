@@ -241,6 +241,7 @@ class Tracker:
             try:
                 self._open()
             except (KmqError, KafkaError) as exc:
+                self._retired["connect_failed"] += 1
                 delay_s = delays()
                 if str(exc) != said:
                     said = str(exc)
@@ -275,8 +276,13 @@ class Tracker:
             self._shutdown()
 
     def _coordinator_known(self) -> bool:
+        """Whether the group coordinator is known and connected (kafka-python's own check,
+        as its poll makes on this thread)."""
         coordinator = getattr(self._kc, "_coordinator", None)
-        return getattr(coordinator, "coordinator_id", None) is not None
+        try:
+            return coordinator is not None and not coordinator.coordinator_unknown()
+        except Exception:  # an internal of kafka-python 3.0: never let it stop the loop
+            return False
 
     def _trouble(self, exc: KafkaError, message: str, *args: object) -> None:
         """Log a failed Kafka call, but while Kafka is unreachable only the one line

@@ -19,6 +19,8 @@ log = logging.getLogger("kmq.tracker")
 
 CONNECT_RETRY_MIN_S = 1.0
 CONNECT_RETRY_MAX_S = 30.0
+BACK_AFTER_S = 1.0
+"""Kafka counts as back after clean rounds for this long (one alone can be luck)."""
 
 
 class BrokerLink:
@@ -36,6 +38,7 @@ class BrokerLink:
         self._down_since: float | None = None
         self._no_coordinator_since: float | None = None
         self._failed = False
+        self._clean_since: float | None = None
 
     def connected(self, now: float) -> None:
         self.up, self.problem = True, ""
@@ -65,7 +68,14 @@ class BrokerLink:
             self._no_coordinator_since = now
         elif now - self._no_coordinator_since > self._grace_s and self.up:
             self.failed("its group coordinator does not answer", now)
-        if self._failed or not coordinator_known or self.up:
+        if self._failed or not coordinator_known:
+            self._clean_since = None
+            return
+        if self.up:
+            return
+        if self._clean_since is None:
+            self._clean_since = now
+        if now - self._clean_since < BACK_AFTER_S:
             return
         self.up, self.problem = True, ""
         down_s = now - self._down_since if self._down_since is not None else 0.0
