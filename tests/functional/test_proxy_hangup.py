@@ -35,26 +35,38 @@ BACK_WITHIN_S = 8.0
 
 class HoldAnswer:
     """Wraps the app: once armed, holds the next answer right before its first byte is
-    written, until :meth:`let_go`."""
+    written, until :meth:`let_go`; keeps what that answer then tried to write."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
         self.armed = threading.Event()
         self.holding = threading.Event()
+        self.done = threading.Event()
+        self.written = bytearray()
         self._go = threading.Event()
 
     def let_go(self) -> None:
         self._go.set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        mine = False
+
         async def held(message: Message) -> None:
+            nonlocal mine
             if message["type"] == "http.response.start" and self.armed.is_set():
                 self.armed.clear()
+                mine = True
                 self.holding.set()
                 await asyncio.to_thread(self._go.wait, 30)
+            if mine and message["type"] == "http.response.body":
+                self.written += message.get("body", b"")
             await send(message)
 
-        await self.app(scope, receive, held)
+        try:
+            await self.app(scope, receive, held)
+        finally:
+            if mine:
+                self.done.set()
 
 
 class InProcessProxy:
@@ -108,9 +120,27 @@ def proxy(broker: Broker, htopics: Topics, htracker: RunningTracker) -> Iterator
         running.stop()
 
 
-def _hang_up_after_hand_off(proxy: InProcessProxy, head: str, body: bytes) -> None:
-    """Send one receive on a raw socket; once its answer is held (the messages are handed
-    out), hang up, wait for the server to see it, and let the answer go."""
+def _one_buffered_message(client: httpx.Client) -> tuple[str, str]:
+    """A new queue with one message, which its consumer on the proxy holds: a receive now,
+    even one that does not wait, gets it."""
+    queue = f"h-{uuid.uuid4().hex[:8]}"
+    first = client.post(f"/v1/queues/{queue}/receive", json={"max_messages": 1, "wait_s": 1})
+    assert first.status_code == 200 and first.json()["messages"] == [], first.text
+    sent = client.post(f"/v1/queues/{queue}/messages", json={"body": "aGk="})
+    assert sent.status_code == 201, sent.text
+
+    def buffered() -> int:
+        status = client.get("/v1/status").json()["queues"].get(queue, {})
+        return int(status.get("in_flight", 0))
+
+    wait_until(buffered, 30, "the queue's consumer to hold the message")
+    return queue, str(sent.json()["id"])
+
+
+def _hang_up_after_hand_off(proxy: InProcessProxy, head: str, body: bytes) -> bytes:
+    """Send one receive on a raw socket; once its answer is held (its messages are handed
+    out), hang up, wait for the server to see it, and let the answer go. Returns what the
+    answer tried to write."""
     proxy.hold.armed.set()
     sock = socket.create_connection(("127.0.0.1", proxy.port))
     try:
@@ -121,6 +151,8 @@ def _hang_up_after_hand_off(proxy: InProcessProxy, head: str, body: bytes) -> No
         sock.close()
     wait_until(lambda: not proxy.connected(address), 10, "the server to see the hang-up")
     proxy.hold.let_go()
+    assert proxy.hold.done.wait(30), "the held answer never finished"
+    return bytes(proxy.hold.written)
 
 
 def _back_soon(receive_one: Callable[[], dict[str, Any] | None]) -> dict[str, Any]:
@@ -141,27 +173,15 @@ def _released(broker: Broker, topics: Topics, message_id: str) -> bool:
 def test_native_receive_answer_never_written_releases_its_messages(
     proxy: InProcessProxy, broker: Broker, htopics: Topics, wait_s: int
 ) -> None:
-    queue = f"h-{uuid.uuid4().hex[:8]}"
     with httpx.Client(base_url=proxy.url, timeout=30) as client:
-        # An empty receive starts the queue's consumer; then a wait_s=0 receive finds the
-        # message once that consumer holds it.
-        first = client.post(f"/v1/queues/{queue}/receive", json={"max_messages": 1, "wait_s": 1})
-        assert first.status_code == 200 and first.json()["messages"] == [], first.text
-        sent = client.post(f"/v1/queues/{queue}/messages", json={"body": "aGk="})
-        assert sent.status_code == 201, sent.text
-        message_id = sent.json()["id"]
-
-        def buffered() -> int:
-            status = client.get("/v1/status").json()["queues"].get(queue, {})
-            return int(status.get("in_flight", 0))
-
-        wait_until(buffered, 30, "the queue's consumer to hold the message")
+        queue, message_id = _one_buffered_message(client)
         body = json.dumps({"max_messages": 10, "wait_s": wait_s, "visibility_s": LEASE_S})
-        _hang_up_after_hand_off(
+        unsent = _hang_up_after_hand_off(
             proxy,
             f"POST /v1/queues/{queue}/receive HTTP/1.1\r\nContent-Type: application/json\r\n",
             body.encode(),
         )
+        assert message_id.encode() in unsent, unsent
 
         def receive_one() -> dict[str, Any] | None:
             params = {"max_messages": 1, "wait_s": 1, "visibility_s": LEASE_S}
@@ -177,34 +197,35 @@ def test_native_receive_answer_never_written_releases_its_messages(
         assert ack.status_code == 200, ack.text
 
 
+def _sqs(client: httpx.Client, url: str, action: str, **params: Any) -> dict[str, Any]:
+    r = client.post("/", content=json.dumps({"QueueUrl": url, **params}),
+                    headers={"X-Amz-Target": f"AmazonSQS.{action}",
+                             "Content-Type": "application/x-amz-json-1.0"})  # fmt: skip
+    assert r.status_code == 200, r.text
+    out: dict[str, Any] = r.json()
+    return out
+
+
 def test_sqs_receive_message_answer_never_written_releases_its_messages(
     proxy: InProcessProxy, broker: Broker, htopics: Topics
 ) -> None:
-    queue = f"h-{uuid.uuid4().hex[:8]}"
-    url = f"{proxy.url}/000000000000/{queue}"
-
-    def sqs(client: httpx.Client, action: str, **params: Any) -> dict[str, Any]:
-        r = client.post("/", content=json.dumps({"QueueUrl": url, **params}),
-                        headers={"X-Amz-Target": f"AmazonSQS.{action}",
-                                 "Content-Type": "application/x-amz-json-1.0"})  # fmt: skip
-        assert r.status_code == 200, r.text
-        out: dict[str, Any] = r.json()
-        return out
-
     with httpx.Client(base_url=proxy.url, timeout=30) as client:
-        message_id = sqs(client, "SendMessage", MessageBody="hello")["MessageId"]
+        queue, message_id = _one_buffered_message(client)
+        url = f"{proxy.url}/000000000000/{queue}"
         body = json.dumps({"QueueUrl": url, "MaxNumberOfMessages": 10, "WaitTimeSeconds": 10,
                            "VisibilityTimeout": LEASE_S})  # fmt: skip
-        _hang_up_after_hand_off(
+        unsent = _hang_up_after_hand_off(
             proxy,
             "POST / HTTP/1.1\r\nX-Amz-Target: AmazonSQS.ReceiveMessage\r\n"
             "Content-Type: application/x-amz-json-1.0\r\n",
             body.encode(),
         )
+        assert message_id.encode() in unsent, unsent
 
         def receive_one() -> dict[str, Any] | None:
-            got = sqs(client, "ReceiveMessage", WaitTimeSeconds=1, VisibilityTimeout=LEASE_S,
-                      MessageSystemAttributeNames=["ApproximateReceiveCount"])  # fmt: skip
+            got = _sqs(client, url, "ReceiveMessage", WaitTimeSeconds=1,
+                       VisibilityTimeout=LEASE_S,
+                       MessageSystemAttributeNames=["ApproximateReceiveCount"])  # fmt: skip
             messages = got.get("Messages", [])
             return messages[0] if messages else None
 
@@ -212,4 +233,4 @@ def test_sqs_receive_message_answer_never_written_releases_its_messages(
         assert again["MessageId"] == message_id
         assert again["Attributes"]["ApproximateReceiveCount"] == "1"
         assert _released(broker, htopics, message_id)
-        sqs(client, "DeleteMessage", ReceiptHandle=again["ReceiptHandle"])
+        _sqs(client, url, "DeleteMessage", ReceiptHandle=again["ReceiptHandle"])
