@@ -372,6 +372,8 @@ class _Report:
     ) -> dict[TopicPartition, int]:
         """Read each partition from its start (``None``: the log start) up to its end; return
         how far each got. Stops early at the record budget or the deadline."""
+        if not ranges:
+            return {}
         reader = self.reader
         reader.assign(list(ranges))
         reader.resume(*ranges)  # a partition paused by an earlier scan

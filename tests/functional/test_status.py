@@ -14,7 +14,7 @@ from click.testing import CliRunner
 import kmq
 from kmq import kafka_clients
 from kmq.cli import main
-from tests.functional.conftest import Topics
+from tests.functional.conftest import Broker, Topics
 from tests.functional.helpers import wait_until
 from tracker.daemon import Tracker
 
@@ -148,3 +148,11 @@ def test_status_counts_the_retry_lane_in_backlog_and_redeliveries(
     (mail,) = json.loads(result.output)["queues"]
     assert (mail["queue"], mail["backlog_records"], mail["redeliveries"]) == ("mail", 5, 2)
     assert (mail["in_flight"], mail["oldest_in_flight_age_s"], mail["exact"]) == (0, None, True)
+
+
+def test_status_of_fresh_topics_without_a_tracker(broker: Broker, topics: Topics) -> None:
+    result = _status(broker.bootstrap_servers, topics, "no-tracker-here")
+    assert result.exit_code == 0, result.output
+    assert "no queues found" in result.output
+    assert "tracker group no-tracker-here" in result.output
+    assert ": 0 replicas" in result.output
