@@ -5,9 +5,13 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kmq.errors import ConfigError
 from kmq.kafka_clients import PLAINTEXT, KafkaConnection, KafkaSecurity
+
+if TYPE_CHECKING:
+    from prometheus_client.registry import CollectorRegistry
 
 AT_LEAST_ONCE = "at_least_once"
 AT_MOST_ONCE = "at_most_once"
@@ -92,9 +96,15 @@ class ServiceConfig:
     client_id: str = "kmq"
     security: KafkaSecurity = PLAINTEXT
     """TLS and SASL settings of every Kafka client (default: PLAINTEXT)."""
+    metrics: CollectorRegistry | None = field(default=None, repr=False, compare=False)
+    """A ``prometheus_client.CollectorRegistry`` to keep the SDK's ``kmq_*`` metrics in
+    (see :mod:`kmq.metrics`); None, the default: no metrics, and no cost."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bootstrap_servers", normalize_bootstrap(self.bootstrap_servers))
+        if self.metrics is not None and not callable(getattr(self.metrics, "register", None)):
+            raise ConfigError(f"metrics must be a prometheus_client CollectorRegistry, got "
+                              f"{type(self.metrics).__name__}")  # fmt: skip
         check_security(self.security)
         check_topic(self.queue_topic, "queue_topic")
         check_topic(self.marker_topic, "marker_topic")

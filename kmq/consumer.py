@@ -34,7 +34,7 @@ from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.errors import KafkaError
 from kafka.structs import MemberState, OffsetAndMetadata
 
-from kmq import kafka_clients
+from kmq import kafka_clients, metrics
 from kmq.assignor import LayoutAssignor
 from kmq.config import AT_MOST_ONCE, MAX_REDELIVERY_TIMEOUT_S, ConsumerConfig
 from kmq.errors import (
@@ -113,6 +113,9 @@ class Consumer:
         self._dead_letter_queue = queue.dead_letter_queue
         self._dlq_text = (queue.policy.dead_letter_queue or "").encode()
         self._at_most_once = config.mode == AT_MOST_ONCE
+        self._metrics = metrics.for_queue(cfg.metrics, queue.id)  # None: metrics off
+        if self._metrics is not None:
+            self._metrics.watch(self)
         lock = threading.RLock()
         self._cond = threading.Condition(lock)
         self._room_freed = threading.Condition(lock)
@@ -265,6 +268,8 @@ class Consumer:
                         out.append(message)
                     if self._at_most_once:  # its room is the buffer's
                         self._freed()
+                    if self._metrics is not None:
+                        self._metrics.taken(out)
                     return out
                 if self._error is not None:
                     raise ConsumerClosedError(
@@ -323,6 +328,9 @@ class Consumer:
                     raise MessageStateError(f"{message!r} was not received by this consumer")
                 if message._state is not State.HELD:
                     raise MessageStateError(f"cannot ack {message!r}: already settled")
+            if self._metrics is not None:
+                for message in batch:
+                    self._metrics.settled(message, State.ACKED)
             if self._at_most_once:
                 for message in batch:
                     message._state = State.ACKED
@@ -431,6 +439,8 @@ class Consumer:
         with self._cond:
             if message._state is not State.HELD:
                 raise MessageStateError(f"cannot {verb} {message!r}: already settled")
+            if self._metrics is not None:
+                self._metrics.settled(message, state)
             if self._at_most_once:
                 if state is not State.ACKED:
                     raise MessageStateError(
@@ -550,6 +560,8 @@ class Consumer:
         with self._cond:
             due = self._leases.due(now)
             if due:
+                if self._metrics is not None:
+                    self._metrics.keepalives.inc(len(due))
                 self._writer.add_many(
                     [(self._entry(_KEEPALIVE, m, self._lease_ms), m.marker_partition) for m in due]
                 )

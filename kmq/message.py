@@ -37,6 +37,7 @@ class Message:
         "_headers",
         "_raw_headers",
         "_state",
+        "_taken_at",
         "attempt",
         "id",
         "key",
@@ -48,6 +49,8 @@ class Message:
         "queue",
         "timestamp_ms",
     )
+    _taken_at: float
+    """When ``receive()`` handed it out; set only when :mod:`kmq.metrics` is on."""
 
     def __init__(
         self,

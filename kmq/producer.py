@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from kafka.errors import KafkaError
 
+from kmq import metrics
 from kmq.errors import BrokerError, KmqError, MessageTooLargeError
 from kmq.records import new_message_id, queue_headers, record_size
 from kmq.validation import check_headers, check_payload
@@ -35,6 +36,7 @@ class Producer:
         self._timeout_s = self._service.config.request_timeout_ms / 1000
         self._rr = itertools.count(random.randrange(1 << 16))
         self._kp: Any = None
+        self._metrics = metrics.for_queue(self._service.config.metrics, queue.id)
 
     def send(
         self, payload: bytes, headers: Mapping[str, bytes] | None = None, *, wait: bool = True
@@ -48,6 +50,8 @@ class Producer:
         body, user_headers = self._checked(payload, headers)
         message_id = new_message_id()
         self._write(message_id, body, user_headers, wait=wait)
+        if self._metrics is not None:
+            self._metrics.sent.inc()
         return message_id
 
     def send_many(
@@ -78,6 +82,8 @@ class Producer:
                 out.append(BrokerError(f"send to queue {self._queue.id!r} failed: {exc}"))
             else:
                 out.append(message_id)
+        if self._metrics is not None:
+            self._metrics.sent.inc(sum(isinstance(item, str) for item in out))
         return out
 
     def _checked(
