@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,7 +135,7 @@ class _Report:
         now_ms = int(time.time() * 1000)
         counts = self._partition_counts()
         control = read_control(cfg.connection, cfg.control_topic, self.timeout_s)
-        tracker = self._tracker(counts[cfg.marker_topic])
+        tracker = self._tracker()
         tps = [TopicPartition(t, p) for t, n in counts.items() for p in range(n)]
         ends = high_watermarks(cfg.connection, tps, self._remaining_s())
         opened = self._replay_markers(tracker, ends)
@@ -148,39 +148,39 @@ class _Report:
             q: self._plan(q, control, counts, ends, committed) for q in {*names, *dead.values()}
         }
         matched, reached = self._count(plans)
+
+        def total(counts: list[_Count]) -> tuple[int, bool]:
+            return _total(counts, matched, reached)
+
         rows = []
         for queue in names:
-            backlog, exact_b = self._total(plans[queue]["backlog"], matched, reached)
-            redelivered, exact_r = self._total(plans[queue]["redelivered"], matched, reached)
-            letters, exact_d = self._total(plans[dead[queue]]["backlog"], matched, reached)
+            backlog, exact_b = total(plans[queue]["backlog"])
+            redelivered, exact_r = total(plans[queue]["redelivered"])
+            letters, exact_d = total(plans[dead[queue]]["backlog"])
             in_flight, oldest_s = in_flight_of(opened.open(), queue_of, queue, now_ms)
-            seen = (
-                backlog
-                or redelivered
-                or in_flight
-                or any(committed.get(g) for g in self._groups(queue))
-            )
-            if asked and not seen and exact_b and exact_r:
+            read_before = any(committed.get(g) for g in self._groups(queue))
+            known = backlog or redelivered or in_flight or read_before
+            if asked and not known and exact_b and exact_r:
                 raise KmqError(
                     f"unknown queue {queue!r} on {cfg.queue_topic}: no consumer group has "
                     "read it and none of its records is there"
                 )
-            rows.append(
-                QueueStatus(
-                    queue=queue,
-                    partitions=write_partitions(
-                        control.layout(cfg.queue_topic), queue, counts[cfg.queue_topic]
-                    ),
-                    backlog_records=backlog,
-                    in_flight=in_flight,
-                    oldest_in_flight_age_s=oldest_s,
-                    redeliveries=redelivered,
-                    dead_letters=letters,
-                    dead_letter_queue=dead[queue],
-                    paused_until_ms=control.pauses.paused_until_ms(queue, now_ms),
-                    exact=exact_b and exact_r and exact_d,
-                )
+            placed = write_partitions(
+                control.layout(cfg.queue_topic), queue, counts[cfg.queue_topic]
             )
+            row = QueueStatus(
+                queue=queue,
+                partitions=placed,
+                backlog_records=backlog,
+                in_flight=in_flight,
+                oldest_in_flight_age_s=oldest_s,
+                redeliveries=redelivered,
+                dead_letters=letters,
+                dead_letter_queue=dead[queue],
+                paused_until_ms=control.pauses.paused_until_ms(queue, now_ms),
+                exact=exact_b and exact_r and exact_d,
+            )
+            rows.append(row)
         return Status(
             taken_at_ms=now_ms,
             queue_topic=cfg.queue_topic,
@@ -220,7 +220,7 @@ class _Report:
             for group, offsets in found.items()
         }
 
-    def _tracker(self, marker_partitions: int) -> TrackerGroup:
+    def _tracker(self) -> TrackerGroup:
         group = self.tracker_group
         described = self.admin.describe_groups([group]).get(group, {})
         topic = self.config.marker_topic
@@ -239,7 +239,7 @@ class _Report:
         committed = {tp.partition: o for tp, o in offsets.items() if tp.topic == topic}
         return TrackerGroup(group, str(described.get("group_state") or "?"), members, committed)
 
-    def _discover(self, attributed: Any, opened: OpenDeliveries) -> list[str]:
+    def _discover(self, attributed: Iterable[str], opened: OpenDeliveries) -> list[str]:
         prefix = f"kmq.{self.config.queue_topic}."
         groups = {
             str(g["group_id"])[len(prefix) :]
@@ -354,17 +354,6 @@ class _Report:
             reached.setdefault(tp, begin or 0)
         return matched, reached
 
-    @staticmethod
-    def _total(
-        counts: list[_Count], matched: dict[_Count, int], reached: dict[TopicPartition, int]
-    ) -> tuple[int, bool]:
-        total, exact = 0, True
-        for c in counts:
-            n, whole = count_in_range(matched[c], c.start or 0, c.end, reached[c.tp])
-            total += n
-            exact = exact and whole
-        return total, exact
-
     # -- reading -----------------------------------------------------------------------------
 
     def _scan(
@@ -405,6 +394,18 @@ class _Report:
             self.notes.append(f"the {self.timeout_s:g} s timeout was reached: counts marked <= "
                               "are upper bounds")  # fmt: skip
         return reached
+
+
+def _total(
+    counts: list[_Count], matched: dict[_Count, int], reached: dict[TopicPartition, int]
+) -> tuple[int, bool]:
+    """The records ``counts`` name, and whether every one of them was read."""
+    total, exact = 0, True
+    for c in counts:
+        n, whole = count_in_range(matched[c], c.start or 0, c.end, reached[c.tp])
+        total += n
+        exact = exact and whole
+    return total, exact
 
 
 def _wanted(span: tuple[int | None, int]) -> bool:
