@@ -7,10 +7,12 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kmq.cli import main
 from kmq.dev.embedded import free_port
-from kmq.markers import QUEUE_LANE, RETRY_LANE, Marker, MarkerType, encode, encode_batch
+from kmq.markers import LANES, QUEUE_LANE, RETRY_LANE, Marker, MarkerType, encode, encode_batch
 from kmq.markers_v1 import encode_v1
 from kmq.status import (
     OpenDeliveries,
@@ -25,6 +27,7 @@ from kmq.status import (
     to_json,
 )
 from kmq.status_read import _clusters
+from tracker.state import PartitionState
 
 T = MarkerType
 
@@ -201,3 +204,42 @@ def test_a_bad_queue_id_is_refused_before_connecting() -> None:
     result = CliRunner().invoke(main, argv)
     assert result.exit_code == 1
     assert "whitespace" in result.output
+
+
+_KINDS = [T.START, T.START, T.KEEPALIVE, T.END, T.NACK, T.RELEASE, T.REJECT, T.REDELIVERED,
+          T.DEAD_LETTERED]  # fmt: skip
+_record = st.lists(
+    st.tuples(
+        st.sampled_from(_KINDS), st.sampled_from(LANES), st.integers(0, 2), st.integers(0, 4)
+    ),
+    min_size=1,
+    max_size=3,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_record, max_size=40))
+def test_replaying_from_the_trackers_commit_finds_exactly_its_open_deliveries(
+    records: list[list[tuple[MarkerType, int, int, int]]],
+) -> None:
+    """What ``kmq status`` relies on: the tracker commits no further than its earliest open
+    START, so pairing the markers from its committed offset gives its in-flight set."""
+    values = [
+        encode_batch(
+            [
+                Marker(type=k, lane=lane, partition=p, offset=o, redeliver_after_ms=60_000)
+                for k, lane, p, o in batch
+            ]
+        )
+        for batch in records
+    ]
+    state = PartitionState(0)
+    state.set_position(0)
+    for offset, value in enumerate(values):
+        state.on_record(offset, value, now=0.0)
+        committed = state.commit_offset()
+        assert committed is not None
+        opened = OpenDeliveries()
+        for replayed in values[committed : offset + 1]:
+            opened.apply(0, 0, replayed)
+        assert _open(opened) == set(state.deliveries())
