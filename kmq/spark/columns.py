@@ -14,7 +14,7 @@ from google.protobuf.message import DecodeError
 
 from kmq._proto import marker_pb2
 from kmq.errors import MarkerDecodeError
-from kmq.markers import PROTOCOL_VERSION, Entry, MarkerType, check_entry, parse
+from kmq.markers import KNOWN_TYPES, PROTOCOL_VERSION, Entry, MarkerType, check_entry, parse
 from kmq.records import ATTEMPT_HEADER, DLQ_ORIGIN_HEADER, ID_HEADER, parse_queue_headers
 
 _MAX_INT32 = 2**31 - 1
@@ -26,10 +26,13 @@ def marker_type_name(type_id: int, _cache: dict[int, str] = {}) -> str:  # noqa:
     """``START``, ``END``, ... or ``UNKNOWN_<n>`` for a type this build cannot name."""
     name = _cache.get(type_id)
     if name is None:
-        try:
-            name = marker_pb2.MarkerType.Name(type_id)
-        except ValueError:
-            name = f"UNKNOWN_{type_id}"
+        if type_id in KNOWN_TYPES:  # REJECT and PROBE are version 2 types only
+            name = MarkerType(type_id).name
+        else:
+            try:
+                name = marker_pb2.MarkerType.Name(type_id)
+            except ValueError:
+                name = f"UNKNOWN_{type_id}"
         _cache[type_id] = name
     return name
 
