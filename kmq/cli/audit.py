@@ -61,6 +61,24 @@ def _spark_security(security: KafkaSecurity) -> dict[str, str]:
 @click.option("--kafka", "kafkas", multiple=True, metavar="KEY=VALUE",
               help="kafka-python setting, e.g. security_protocol=SSL.")  # fmt: skip
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
+@click.option("--follow", is_flag=True,
+              help="Keep auditing as a streaming job; rewrite outputs every trigger.")  # fmt: skip
+@click.option("--checkpoint", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="--follow: resume from here [default: OUTPUT/checkpoint].")  # fmt: skip
+@click.option("--trigger-s", type=click.FloatRange(0.1), default=5.0, show_default=True,
+              help="--follow: seconds between micro-batches and refreshes.")  # fmt: skip
+@click.option("--stuck-leases", type=click.FloatRange(0.1), default=3.0, show_default=True,
+              help="--follow: flag messages in flight longer than this many leases.")  # fmt: skip
+@click.option("--pending-bound-s", type=click.FloatRange(0.1), default=60.0, show_default=True,
+              help="--follow: flag a message not started this long after it was sent.")  # fmt: skip
+@click.option("--window-s", type=click.FloatRange(1), default=300.0, show_default=True,
+              help="--follow: the trailing window of counts and percentiles.")  # fmt: skip
+@click.option("--settled-horizon-s", type=click.FloatRange(0), default=60.0, show_default=True,
+              help="--follow: how long a settled message stays in the state.")  # fmt: skip
+@click.option("--max-records-per-trigger", type=click.IntRange(1), default=200_000,
+              show_default=True, help="--follow: admission control per topic.")  # fmt: skip
+@click.option("--prometheus", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="--follow: also write Prometheus metrics to this file.")  # fmt: skip
 def audit(
     bootstrap_servers: str,
     queue_topic: str,
@@ -76,11 +94,21 @@ def audit(
     confs: tuple[str, ...],
     kafkas: tuple[str, ...],
     quiet: bool,
+    follow: bool,
+    checkpoint: Path | None,
+    trigger_s: float,
+    stuck_leases: float,
+    pending_bound_s: float,
+    window_s: float,
+    settled_horizon_s: float,
+    max_records_per_trigger: int,
+    prometheus: Path | None,
 ) -> None:
     """Audit the queue and markers topics with PySpark: was every message processed?
 
     Writes OUTPUT/summary.json (machine-readable) and OUTPUT/report.html. Runs on a local
-    Spark session unless --master (or spark-submit) says otherwise.
+    Spark session unless --master (or spark-submit) says otherwise. With --follow it keeps
+    running as a streaming job, flags stuck messages and rewrites the outputs every trigger.
     """
     # Spark is imported here, not at module import: `kmq --help` stays fast without it.
     try:
@@ -93,6 +121,42 @@ def audit(
         ) from exc
     from kmq.errors import KmqError
 
+    kafka = {**_spark_security(security), **_pairs(kafkas, "--kafka")}
+
+    def say(line: str) -> None:
+        if not quiet:
+            click.echo(line, err=True)
+
+    if follow:
+        from kmq.audit.follow import FollowConfig, run_follow
+
+        follow_config = FollowConfig(
+            bootstrap_servers=bootstrap_servers,
+            output=output,
+            checkpoint=checkpoint,
+            queue_topic=queue_topic,
+            marker_topic=marker_topic,
+            queues=queues,
+            trigger_s=trigger_s,
+            stuck_leases=stuck_leases,
+            pending_bound_s=pending_bound_s,
+            window_s=window_s,
+            settled_horizon_s=settled_horizon_s,
+            max_records_per_trigger=max_records_per_trigger,
+            html=not no_html,
+            prometheus=prometheus,
+            kafka=kafka,
+        )
+        say("starting Spark ...")
+        spark = get_session(master, app_name="kmq-audit-follow", conf=_pairs(confs, "--conf"))
+        try:
+            run_follow(spark, follow_config, say)
+        except KeyboardInterrupt:
+            say("stopped")
+        except KmqError as exc:
+            raise click.ClickException(str(exc)) from exc
+        return
+
     config = AuditConfig(
         bootstrap_servers=bootstrap_servers,
         output=output,
@@ -104,12 +168,8 @@ def audit(
         html=not no_html,
         # The security settings reach every Spark-side client as kafka.<setting> options;
         # an explicit --kafka setting wins.
-        kafka={**_spark_security(security), **_pairs(kafkas, "--kafka")},
+        kafka=kafka,
     )
-
-    def say(line: str) -> None:
-        if not quiet:
-            click.echo(line, err=True)
 
     say("starting Spark ...")
     spark = get_session(master, app_name="kmq-audit", conf=_pairs(confs, "--conf"))
