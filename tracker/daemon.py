@@ -25,15 +25,15 @@ from kafka.errors import (
 )
 from kafka.structs import MemberState, OffsetAndMetadata
 
-from kmq import kafka_clients
+from kmq import kafka_clients, reach
 from kmq.control import ControlWatcher
-from kmq.errors import KmqError
+from kmq.errors import BrokerError, KmqError
 from kmq.layout import write_partitions
 from kmq.markers import QUEUE_LANE, RETRY_LANE, encode_entries
 from kmq.records import split_key
 from tracker.config import TrackerConfig
 from tracker.fencing import PartitionWriters
-from tracker.health import CONNECT_RETRY_MAX_S, BrokerLink, ProbeServer, connect_delays
+from tracker.health import BrokerLink, ProbeServer
 from tracker.redeliver import TXN_TIMEOUT_S, Copy, Redeliverer, RoundOutcome, copy_of
 from tracker.reread import RecordReader
 from tracker.state import Due, PartitionState
@@ -234,26 +234,23 @@ class Tracker:
     def _connect(self) -> bool:
         """Build the clients, retrying with backoff until Kafka answers; False if stopped
         first. Says once why Kafka cannot be reached, and again only if the cause changes."""
-        delays = connect_delays()
-        said = ""
-        while not self._stop.is_set():
+
+        def attempt() -> None:
             self._last_turn = time.monotonic()
             try:
                 self._open()
             except (KmqError, KafkaError) as exc:
                 self._retired["connect_failed"] += 1
-                delay_s = delays()
-                if str(exc) != said:
-                    said = str(exc)
-                    log.error("%s; retrying in %g s, then at most every %g s", exc, delay_s,
-                              CONNECT_RETRY_MAX_S)  # fmt: skip
                 self._link.problem = str(exc)
-                self._stop.wait(delay_s)
-                continue
-            self._connected = True
-            self._link.connected(time.monotonic())
-            return True
-        return False
+                if isinstance(exc, BrokerError):
+                    raise
+                raise BrokerError(str(exc)) from exc
+
+        if not reach.until_reachable(attempt, log, self._stop):
+            return False
+        self._connected = True
+        self._link.connected(time.monotonic())
+        return True
 
     def _loop(self) -> None:
         backoff_s = 0.1

@@ -17,8 +17,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kmq.tracker")
 
-CONNECT_RETRY_MIN_S = 1.0
-CONNECT_RETRY_MAX_S = 30.0
 BACK_AFTER_S = 1.0
 """Kafka counts as back after clean rounds for this long (one alone can be luck)."""
 
@@ -81,18 +79,6 @@ class BrokerLink:
         down_s = now - self._down_since if self._down_since is not None else 0.0
         self._down_since = None
         log.info("Kafka at %s is back after %.1f s", self.servers, down_s)
-
-
-def connect_delays() -> Callable[[], float]:
-    """Waits between connection attempts: 1 s, doubling up to 30 s."""
-    delay = CONNECT_RETRY_MIN_S / 2
-
-    def next_delay() -> float:
-        nonlocal delay
-        delay = min(delay * 2, CONNECT_RETRY_MAX_S)
-        return delay
-
-    return next_delay
 
 
 class ProbeServer:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -277,4 +278,8 @@ def serve(
         click.echo(
             "kmq serve: --insecure-no-auth: anyone who can reach the port can use it", err=True
         )
+    from kmq import reach
+
+    # Kafka unreachable: one line and retries with backoff, not a traceback from startup.
+    reach.until_reachable(service.ensure_topics, logging.getLogger("kmq.proxy"))
     serve(service, config, Listen(host, port, certfile, keyfile, access_log))

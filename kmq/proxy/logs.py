@@ -7,6 +7,8 @@ import logging
 import sys
 import time
 
+from kmq.logs import kafka_level
+
 _STANDARD = frozenset(vars(logging.makeLogRecord({})))
 
 
@@ -38,7 +40,7 @@ def configure(log_format: str, level: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    logging.getLogger("kafka").setLevel(logging.WARNING)
+    logging.getLogger("kafka").setLevel(kafka_level(level))
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logger = logging.getLogger(name)
         logger.handlers[:] = []

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import urllib.error
 import urllib.request
 from dataclasses import replace
 
 import pytest
 
-from kmq import logs
+import kmq
+from kmq import logs, reach
 from kmq.markers import Marker, MarkerType, encode_batch
 from kmq.records import delivery_key
-from tracker.health import BrokerLink, ProbeServer, connect_delays
+from tracker.health import BrokerLink, ProbeServer
 from tracker.metrics import registry
 from tracker.state import PartitionState
 from tracker.view import TrackerView, partition_view
@@ -225,8 +227,36 @@ def test_a_coordinator_unknown_past_the_grace_counts_as_lost() -> None:
 
 
 def test_connect_delays_double_from_1_s_to_30_s() -> None:
-    delays = connect_delays()
-    assert [delays() for _ in range(7)] == [1, 2, 4, 8, 16, 30, 30]
+    delays = reach.delays()
+    assert [next(delays) for _ in range(7)] == [1, 2, 4, 8, 16, 30, 30]
+
+
+def test_until_reachable_says_each_cause_once(caplog: pytest.LogCaptureFixture) -> None:
+    causes = iter(["refused", "refused", "refused", "TLS failed"])
+    log = logging.getLogger("kmq.test")
+
+    def attempt() -> None:
+        cause = next(causes, None)
+        if cause is None:
+            return
+        raise kmq.BrokerError(f"cannot connect to Kafka at h:1: {cause}")
+
+    waits: list[float] = []
+
+    class Clock(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            waits.append(timeout or 0.0)
+            return False
+
+    assert reach.until_reachable(attempt, log, Clock())
+    assert waits == [1, 2, 4, 8]
+    assert [r.getMessage() for r in caplog.records if r.name == "kmq.test"] == [
+        "cannot connect to Kafka at h:1: refused; retrying in 1 s, then at most every 30 s",
+        "cannot connect to Kafka at h:1: TLS failed; retrying in 8 s, then at most every 30 s",
+    ]
+    stopped = threading.Event()
+    stopped.set()
+    assert not reach.until_reachable(attempt, log, stopped)
 
 
 def _get(port: int, path: str) -> tuple[int, bytes]:
