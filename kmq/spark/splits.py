@@ -66,11 +66,12 @@ def split_ranges(ranges: list[OffsetRange], max_records: int) -> list[OffsetRang
 
 def admit(start: Mapping[int, int], latest: Mapping[int, int], max_records: int) -> dict[int, int]:
     """The end offsets of one micro-batch: ``latest``, or, when that is more than
-    ``max_records`` past ``start``, as far as ``max_records`` shared fairly (a partition that
-    needs less leaves the rest to the others) takes each partition."""
+    ``max_records`` past ``start`` (where a partition it lacks starts at 0), as far as
+    ``max_records`` shared fairly (a partition that needs less leaves the rest to the
+    others) takes each partition."""
     if max_records < 1:
         raise ConfigError(f"max_records_per_trigger must be >= 1, got {max_records}")
-    backlog = {p: max(0, hi - start.get(p, hi)) for p, hi in latest.items()}
+    backlog = {p: max(0, hi - start.get(p, 0)) for p, hi in latest.items()}
     if sum(backlog.values()) <= max_records:
         return dict(latest)
     grant = dict.fromkeys(backlog, 0)
@@ -82,4 +83,4 @@ def admit(start: Mapping[int, int], latest: Mapping[int, int], max_records: int)
         take = min(backlog[p], share, budget)
         grant[p] = take
         budget -= take
-    return {p: (start.get(p, hi) + grant[p] if backlog[p] else hi) for p, hi in latest.items()}
+    return {p: (start.get(p, 0) + grant[p] if backlog[p] else hi) for p, hi in latest.items()}
