@@ -96,6 +96,14 @@ from tracker.config import TrackerConfig
     help="Serve /metrics (Prometheus), /healthz and /readyz on this port; 0: off.",
 )
 @click.option(
+    "--liveness-timeout-s",
+    envvar="KMQ_LIVENESS_TIMEOUT_S",
+    show_envvar=True,
+    type=float,
+    default=60.0,
+    help="/healthz fails once the run loop has not turned for this long.",
+)
+@click.option(
     "--log-level",
     envvar="KMQ_LOG_LEVEL",
     show_envvar=True,
@@ -126,6 +134,7 @@ def main(
     transactional: bool | None,
     request_timeout_ms: int,
     metrics_port: int,
+    liveness_timeout_s: float,
     log_level: str,
     log_format: str,
     security: KafkaSecurity,
@@ -148,6 +157,7 @@ def main(
             security=security,
             request_timeout_ms=request_timeout_ms,
             metrics_port=metrics_port,
+            liveness_timeout_s=liveness_timeout_s,
         )
     except KmqError as exc:
         raise click.UsageError(str(exc)) from exc
