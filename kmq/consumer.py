@@ -37,6 +37,7 @@ from kafka.structs import MemberState, OffsetAndMetadata
 from kmq import kafka_clients, metrics
 from kmq.assignor import LayoutAssignor
 from kmq.config import AT_MOST_ONCE, MAX_REDELIVERY_TIMEOUT_S, ConsumerConfig
+from kmq.continuity import Continuity
 from kmq.errors import (
     BrokerError,
     ConsumerClosedError,
@@ -152,6 +153,7 @@ class Consumer:
             on_flushed=self._progress.set,
         )
         self._cycle: BatchCycle[TopicPartition, Message] = BatchCycle()
+        self._continuity: Continuity[TopicPartition] = Continuity()
         self._starting: list[tuple[CycleBatch, Flush, frozenset[int]]] = []
         self._committing: list[tuple[CycleBatch, Any]] = []
         self.group_id = config.group_id or f"kmq.{cfg.queue_topic}.{queue.id}"
@@ -497,8 +499,10 @@ class Consumer:
                     # client some work): never blocks, paused only when full.
                     now = time.monotonic()
                     if now >= self._next_retry_poll:
-                        copies = self._rc.poll(
-                            timeout_ms=self._poll_ms(self._rc, 0), max_records=max(1, room)
+                        copies = self._whole(
+                            self._rc.poll(
+                                timeout_ms=self._poll_ms(self._rc, 0), max_records=max(1, room)
+                            )
                         )
                         if copies:
                             self._begin(copies)
@@ -513,11 +517,13 @@ class Consumer:
                             self._unread(held)
                         self._wait_for_room(self._reserve, self.config.poll_timeout_ms / 1000)
                         continue
-                    records = self._kc.poll(
-                        timeout_ms=self._poll_ms(
-                            self._kc, 0 if busy else self.config.poll_timeout_ms
-                        ),
-                        max_records=max(1, min(room - self._reserve, self._batch_max)),
+                    records = self._whole(
+                        self._kc.poll(
+                            timeout_ms=self._poll_ms(
+                                self._kc, 0 if busy else self.config.poll_timeout_ms
+                            ),
+                            max_records=max(1, min(room - self._reserve, self._batch_max)),
+                        )
                     )
                     if records:
                         self._begin(records)
@@ -602,6 +608,7 @@ class Consumer:
         kept fetching), except those finished with for good."""
         assigned = self._kc.assignment()
         self._assigned = frozenset(tp.partition for tp in assigned)
+        self._continuity.keep_only(assigned | self._rc.assignment())
         if room <= self._reserve:
             want = set(assigned)
         else:
@@ -867,13 +874,43 @@ class Consumer:
         started, and the next batch's commit would skip it for good: most likely how a chaos
         run lost a message that no worker ever started, and how a paused queue's test missed
         its only message."""
-        self._seek({tp: batch[0].offset for tp, batch in records.items() if batch})
+        firsts: dict[TopicPartition, int] = {}
+        for tp, batch in records.items():
+            if batch:
+                again = self._continuity.read(tp, batch[0].offset, batch[-1].offset)
+                firsts[tp] = batch[0].offset if again is None else again
+        self._seek(firsts)
+
+    def _whole(self, records: dict[TopicPartition, list[Any]]) -> dict[TopicPartition, list[Any]]:
+        """``records`` without those of partitions the poll may have skipped records of
+        (see :mod:`kmq.continuity`): those are sought back to be read again."""
+        if not records:
+            return records
+        continuity = self._continuity
+        recovered = continuity.recovered
+        for tp, batch in list(records.items()):
+            if not batch:
+                continue
+            again = continuity.read(tp, batch[0].offset, batch[-1].offset)
+            if again is not None:
+                log.debug("queue %r: %s jumped from offset %d to %d; reading it again",
+                          self.queue, tp, again, batch[0].offset)  # fmt: skip
+                del records[tp]
+                self._seek({tp: again})
+        if continuity.recovered != recovered:
+            log.warning(
+                "queue %r: a poll skipped records that reading again returned (%d times so "
+                "far); nothing was lost",
+                self.queue, continuity.recovered,
+            )  # fmt: skip
+        return records
 
     def _seek(self, firsts: Mapping[TopicPartition, int]) -> None:
         for tp, offset in firsts.items():
             # A partition revoked meanwhile raises here; its new owner reads it anyway.
             with contextlib.suppress(Exception):
                 self._client(tp).seek(tp, offset)
+                self._continuity.moved(tp, offset)
 
     def _committed_anyway(
         self,
@@ -907,9 +944,7 @@ class Consumer:
                 # owner has read and committed it already).
                 landed.add(tp.partition)
                 continue
-            # A partition revoked meanwhile raises here; its new owner reads it anyway.
-            with contextlib.suppress(Exception):
-                client.seek(tp, committed if committed is not None else firsts[tp])
+            self._seek({tp: committed if committed is not None else firsts[tp]})
         return [m for m in messages if m.partition in landed]
 
     # -- messages and markers -------------------------------------------------------------
