@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import kmq
 import kmq.errors
 from kmq.config import MAX_REDELIVERY_TIMEOUT_S
+from kmq.continuity import Continuity
 from kmq.message import State
 from kmq.records import record_size
 from kmq.validation import MAX_QUEUE_ID_BYTES
@@ -442,6 +443,48 @@ def test_records_a_paused_poll_returns_are_read_again_not_dropped() -> None:
     stub = Seeks()
     consumer._kc = stub
     consumer._retry_topic = "q.retry"
+    consumer._continuity = Continuity()
     a, b, gone = TopicPartition("q", 0), TopicPartition("q", 1), TopicPartition("q", 9)
     consumer._unread({a: [Rec(41), Rec(42)], b: [], gone: [Rec(7)]})
     assert stub.seeks == [(a, 41)]
+    # A paused poll that jumped over records is sought back to before the jump.
+    consumer._unread({a: [Rec(45)]})
+    assert stub.seeks[-1] == (a, 41)
+
+
+def test_a_poll_that_jumps_over_records_is_read_again() -> None:
+    """Records after a gap are dropped and their partition sought back to where the last
+    poll ended; the same gap found again is a hole in the log and is read on."""
+    from kafka import TopicPartition
+
+    from kmq.consumer import Consumer
+
+    class Seeks:
+        def __init__(self) -> None:
+            self.seeks: list[tuple[TopicPartition, int]] = []
+
+        def seek(self, tp: TopicPartition, offset: int) -> None:
+            self.seeks.append((tp, offset))
+
+    class Rec:
+        def __init__(self, offset: int) -> None:
+            self.offset = offset
+
+    consumer = Consumer.__new__(Consumer)
+    stub = Seeks()
+    consumer._kc = stub
+    consumer._retry_topic = "q.retry"
+    consumer.queue = "q"
+    consumer._continuity = Continuity()
+    a, b = TopicPartition("q", 0), TopicPartition("q", 1)
+    first = consumer._whole({a: [Rec(10), Rec(11)], b: [Rec(3)]})
+    assert sorted(first) == [a, b] and stub.seeks == []
+    skipped = consumer._whole({a: [Rec(14)], b: [Rec(4)]})
+    assert list(skipped) == [b]  # a's 12 and 13 were skipped: read again
+    assert stub.seeks == [(a, 12)]
+    again = consumer._whole({a: [Rec(12), Rec(13), Rec(14)]})
+    assert [r.offset for r in again[a]] == [12, 13, 14]
+    assert consumer._continuity.recovered == 1
+    hole = consumer._whole({a: [Rec(17)]})  # 15 and 16 are transaction markers, say
+    assert hole == {} and stub.seeks[-1] == (a, 15)
+    assert [r.offset for r in consumer._whole({a: [Rec(17)]})[a]] == [17]
