@@ -167,7 +167,10 @@ def main(
         )
     from tracker.daemon import Tracker
 
-    tracker = Tracker(config)  # connects in run(), retrying until Kafka answers
+    try:
+        tracker = Tracker(config)  # connects in run(), retrying until Kafka answers
+    except KmqError as exc:  # one line, no traceback
+        raise click.ClickException(str(exc)) from exc
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         tracker.stop()
