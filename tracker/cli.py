@@ -177,4 +177,7 @@ def main(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    tracker.run()
+    try:
+        tracker.run()
+    except KmqError as exc:  # the metrics port is taken, say
+        raise click.ClickException(str(exc)) from exc

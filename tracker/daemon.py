@@ -27,7 +27,7 @@ from kafka.structs import MemberState, OffsetAndMetadata
 
 from kmq import kafka_clients, reach
 from kmq.control import ControlWatcher
-from kmq.errors import BrokerError, KmqError
+from kmq.errors import BrokerError, ConfigError, KmqError
 from kmq.layout import write_partitions
 from kmq.markers import QUEUE_LANE, RETRY_LANE, encode_entries
 from kmq.records import split_key
@@ -224,12 +224,15 @@ class Tracker:
             return None
         from tracker import metrics  # prometheus_client only when it is used
 
-        return ProbeServer(
-            self.config.metrics_port,
-            self.view,
-            metrics.registry(self.view),
-            self.config.liveness_timeout_s,
-        ).start()
+        port = self.config.metrics_port
+        try:
+            server = ProbeServer(
+                port, self.view, metrics.registry(self.view), self.config.liveness_timeout_s
+            )
+        except OSError as exc:
+            why = exc.strerror or exc
+            raise ConfigError(f"cannot serve metrics on port {port}: {why}") from exc
+        return server.start()
 
     def _connect(self) -> bool:
         """Build the clients, retrying with backoff until Kafka answers; False if stopped
