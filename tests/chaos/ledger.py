@@ -330,6 +330,8 @@ class Report:
     early: list[str] = field(default_factory=list)
     unattributed_starts: int = 0
     delays_beyond_lease_s: list[float] = field(default_factory=list)
+    slow_redeliveries: list[tuple[float, str]] = field(default_factory=list)
+    """(delay beyond the lease, where the time went) for each delay counted above."""
     worker_kills: int = 0
     tracker_kills: int = 0
     resets: int = 0
@@ -554,7 +556,17 @@ def _check_redeliveries(
         elif killed_at is not None:
             after = [t for t in receipts.get((record.message_id, marker.attempt), []) if t >= at]
             if after:
-                report.delays_beyond_lease_s.append(min(after) - killed_at - run.lease_s)
+                delay = min(after) - killed_at - run.lease_s
+                report.delays_beyond_lease_s.append(delay)
+                report.slow_redeliveries.append(
+                    (
+                        delay,
+                        f"{record.message_id} {where(marker)} cause={cause}: holder killed at "
+                        f"{killed_at:.3f}, redelivered {at - killed_at - run.lease_s:.1f} s "
+                        f"beyond the lease (marker {record.partition}:{record.offset}), copy "
+                        f"attempt {marker.attempt} taken {min(after) - at:.1f} s after that",
+                    )
+                )
 
 
 def _crashed(inc: Incarnation) -> bool:

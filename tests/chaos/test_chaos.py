@@ -475,6 +475,8 @@ def test_chaos(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
         (run_dir / "run.json").write_text(json.dumps(asdict(run), indent=1), encoding="utf-8")
         details = _details(report, ledgers, markers, queue_log, cluster, run_dir)
         say(report.summary(params.describe()) + f" drained_in={drained_in:.0f}s")
+        for delay, what in sorted(report.slow_redeliveries, reverse=True)[:5]:
+            say(f"chaos: slow redelivery {delay:.1f} s beyond the lease: {what}")
 
     expected = params.messages
     assert report.messages == expected - ledgers.gave_up, details
@@ -620,6 +622,10 @@ def _details(
                 lines.append(
                     f"    neighbour {e_offset} {event.kind} by {event.worker} at {event.t:.3f}"
                 )
+    # Where the slowest redeliveries spent their time: before the tracker redelivered, or
+    # between the copy's writing and a worker taking it.
+    for delay, what in sorted(report.slow_redeliveries, reverse=True)[:20]:
+        lines.append(f"slow redelivery {delay:.1f} s beyond the lease: {what}")
     for slot in cluster.slots:
         lines.append(f"slot {slot.kind}{slot.index}: {slot.generations} incarnations")
     path = run_dir / "chaos-details.txt"
