@@ -49,12 +49,14 @@ _SLACK_BYTES = 4096  # as in kmq.producer: far enough under the limit, no exact 
 
 
 class KmqDataSource(DataSource):
-    """``spark.read.format("kmq")`` and ``df.write.format("kmq")``.
+    """``spark.read.format("kmq")``, ``spark.readStream.format("kmq")`` (kmq.spark.stream)
+    and ``df.write.format("kmq")``.
 
     Read options: ``kind`` (``queue`` or ``markers``), ``bootstrap_servers``, ``topic``
     (default ``kmq.queue`` / ``kmq.markers``), ``queue`` (one logical queue only),
     ``max_records_per_split``, ``start_offsets`` / ``end_offsets`` (JSON, partition to
-    offset), ``kafka.<setting>`` for kafka-python. Write options: ``bootstrap_servers``,
+    offset), ``kafka.<setting>`` for kafka-python; streaming adds ``starting_offsets`` and
+    ``max_records_per_trigger``. Write options: ``bootstrap_servers``,
     ``topic``, ``marker_topic``, ``queue``, ``create_topics``, ``max_message_bytes``.
     """
 
