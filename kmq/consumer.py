@@ -891,7 +891,10 @@ class Consumer:
         for tp, batch in list(records.items()):
             if not batch:
                 continue
-            again = continuity.read(tp, batch[0].offset, batch[-1].offset)
+            # The tracker writes copies in transactions: a marker follows each of them, and
+            # reading every such gap again would delay the next copy by a fetch.
+            holes = 1 if tp.topic == self._retry_topic else 0
+            again = continuity.read(tp, batch[0].offset, batch[-1].offset, holes)
             if again is not None:
                 log.debug("queue %r: %s jumped from offset %d to %d; reading it again",
                           self.queue, tp, again, batch[0].offset)  # fmt: skip

@@ -48,10 +48,12 @@ class Continuity(Generic[P]):
             del self._next[partition]
             self._suspect.pop(partition, None)
 
-    def read(self, partition: P, first: int, last: int) -> int | None:
+    def read(self, partition: P, first: int, last: int, holes: int = 0) -> int | None:
         """A poll returned ``partition``'s records ``first``..``last``. Returns the offset
         to read it again from if records before ``first`` may have been skipped (the
-        caller then drops these records and seeks there), else ``None``."""
+        caller then drops these records and seeks there), else ``None``. A gap of at most
+        ``holes`` offsets is taken for what it most likely is without reading it again:
+        a transactional topic has one transaction marker after each transaction."""
         expected = self._next.get(partition)
         suspect = self._suspect.get(partition)
         if suspect is not None and suspect[0] != expected:
@@ -59,7 +61,11 @@ class Continuity(Generic[P]):
         # Read again at a first sight of a gap, or when a read skipped even more than the
         # last one (the smaller gap is kept: records from its end exist). Two reads that
         # found nothing from `expected` up to `first` mean the log has no record there.
-        if expected is not None and first > expected and (suspect is None or first > suspect[1]):
+        if (
+            expected is not None
+            and first > expected + holes
+            and (suspect is None or first > suspect[1])
+        ):
             if suspect is None:
                 self._suspect[partition] = (expected, first)
             self.reread += 1

@@ -33,6 +33,14 @@ def test_reads(reads: list[tuple[int, int]], answers: list[int | None]) -> None:
     assert [c.read("p", first, last) for first, last in reads] == answers
 
 
+def test_a_gap_within_the_holes_allowed_is_not_read_again() -> None:
+    c: Continuity[str] = Continuity()
+    c.read("p", 0, 4, holes=1)
+    assert c.read("p", 6, 9, holes=1) is None  # one transaction marker at 5
+    assert c.read("p", 12, 12, holes=1) == 10  # two missing: read again
+    assert c.reread == 1
+
+
 def test_counts_rereads_and_recoveries() -> None:
     c: Continuity[str] = Continuity()
     c.read("p", 0, 4)
