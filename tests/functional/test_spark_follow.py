@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from kmq._proto import marker_pb2
 from kmq.audit.follow import FollowConfig, run_follow
 from kmq.markers import Marker, MarkerType, encode
 from tests.functional.conftest import Broker, RunningTracker, Topics, worker_argv
-from tests.functional.helpers import Children, wait_until
+from tests.functional.helpers import Children
 from tracker.config import TrackerConfig
 
 
@@ -31,6 +32,19 @@ def _summary(out: Path) -> dict[str, Any]:
         return data
     except (FileNotFoundError, json.JSONDecodeError):
         return {}
+
+
+def _until(out: Path, ok: Callable[[dict[str, Any]], bool], timeout_s: float,
+           what: str) -> dict[str, Any]:  # fmt: skip
+    """Poll summary.json until ``ok`` holds; on time-out, show the last one."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        summary = _summary(out)
+        if summary and ok(summary):
+            return summary
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}: {summary}")
+        time.sleep(0.2)
 
 
 def _stuck(summary: dict[str, Any]) -> dict[str, str]:
@@ -53,7 +67,7 @@ def _write_bad_markers(bootstrap: str, topic: str) -> None:
     producer.close()
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(300)
 def test_follow_flags_a_killed_workers_message_until_its_copy_is_acked(
     spark: SparkSession,
     broker: Broker,
@@ -103,10 +117,10 @@ def test_follow_flags_a_killed_workers_message_until_its_copy_is_acked(
 
         # No tracker runs: the held message stays in flight past two leases; the idle
         # queue's message is never started.
-        summary = wait_until(
-            lambda: (s := _summary(out)) and _stuck(s).get(held) == "in_flight_too_long"
-            and _stuck(s).get(idle) == "never_started" and s,
-            60, "the killed worker's message and the idle one flagged stuck",
+        summary = _until(
+            out, lambda s: _stuck(s).get(held) == "in_flight_too_long"
+            and _stuck(s).get(idle) == "never_started",
+            120, "the killed worker's message and the idle one flagged stuck",
         )  # fmt: skip
         assert not failure, failure
         assert set(_stuck(summary)) == {held, idle}, summary["stuck"]
@@ -122,22 +136,20 @@ def test_follow_flags_a_killed_workers_message_until_its_copy_is_acked(
         running = RunningTracker(tracker_config)
         try:
             children.python("w2", *worker_argv(broker, topics, "jobs", "w2"))
-            summary = wait_until(
-                lambda: (s := _summary(out)) and held not in _stuck(s)
-                and s["window"]["jobs"]["acked"] == 3 and s,
-                60, "the redelivered copy acked and the flag cleared",
+            summary = _until(
+                out, lambda s: held not in _stuck(s) and s["window"]["jobs"]["acked"] == 3,
+                90, "the redelivered copy acked and the flag cleared",
             )  # fmt: skip
         finally:
             running.stop()
         print(f"cleared after {time.monotonic() - started:.1f} s")
         assert summary["window"]["jobs"]["redelivered"] == 1
-        assert summary["current"]["jobs"].get("in_flight", 0) == 0
+        assert summary["current"].get("jobs", {}).get("in_flight", 0) == 0  # or evicted
         assert _stuck(summary) == {idle: "never_started"}
 
         # Bad records were counted, and settled messages leave the state.
-        summary = wait_until(
-            lambda: (s := _summary(out)) and s["bad_input"].get("orphan_end") == 1
-            and s["state"]["messages"] == 1 and s,
+        summary = _until(
+            out, lambda s: s["bad_input"].get("orphan_end") == 1 and s["state"]["messages"] == 1,
             60, "the orphaned END counted and the settled messages evicted",
         )  # fmt: skip
         assert summary["bad_input"]["undecodable"] == 1
