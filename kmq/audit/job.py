@@ -131,6 +131,18 @@ def _samples(messages: DataFrame, dlqs: list[str], limit: int) -> dict[str, list
     return out
 
 
+def bad_input(summary: Mapping[str, Any], unknown_version: int) -> dict[str, int]:
+    """What the audit skipped, named as ``kmq audit --follow`` names it: ``undecodable``
+    records, markers of an ``unknown_version`` or ``unknown_type``, and ``orphans``."""
+    markers = summary["markers"]
+    return {
+        "undecodable": markers.get("INVALID", 0) - unknown_version,
+        "unknown_version": unknown_version,
+        "unknown_type": sum(n for t, n in markers.items() if t.startswith("UNKNOWN_")),
+        "orphans": sum(q["orphans"] for q in summary["queues"].values()),
+    }
+
+
 def _write(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
@@ -180,6 +192,9 @@ def run_audit(
                 {"type": _type_name(r["type_id"]), "markers": r["markers"]}
                 for r in _rows(T.marker_type_counts(markers))
             ]
+            unknown_version = markers.where(
+                F.col("error").startswith("unsupported marker version")
+            ).count()
         with progress.step("read the queue records", "read_queue"):
             dlqs = sorted(r["queue"] for r in _rows(T.dead_letter_queues(records)))
         with progress.step("join each queue record with its markers", "deliveries"):
@@ -247,6 +262,7 @@ def run_audit(
                 from kmq.audit.report import render_html
 
                 _write(config.output / REPORT_FILE, render_html(summary))
+        summary["bad_input"] = bad_input(summary, unknown_version)
         summary["timing_s"] = {
             **{k: round(v, 3) for k, v in progress.timings.items()},
             "total": round(time.monotonic() - started, 3),

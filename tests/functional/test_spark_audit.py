@@ -174,10 +174,13 @@ def write_scenario(s: Scenario) -> None:
     e2 = s.record("emails", "E2", 1, 0)
     s.marker(S, "emails", e2, "E2", 1, 1000)
     s.marker(R, "emails", e2, "E2", 2, 31_000, reason="lease expired")
-    # noise the audit must skip: a record that is no marker, a marker type from the future
+    # noise the audit must skip: a record that is no marker, a marker type and a version from
+    # the future
     s.raw_marker(b"junk", b"\xff\xfe not protobuf", 0)
     future = marker_pb2.Marker(version=1, type=42, queue=o, message_id="A1", attempt=1)  # type: ignore[arg-type]
     s.raw_marker(b"A1", future.SerializeToString(), 5000)
+    version_9 = marker_pb2.Marker(version=9, type=1, queue=o, message_id="A1", attempt=1)  # type: ignore[arg-type]
+    s.raw_marker(b"A1", version_9.SerializeToString(), 5000)
     s.producer.flush()
     s.producer.close()
 
@@ -281,8 +284,11 @@ def test_latency_percentiles(audited: Any) -> None:
 
 def test_markers_by_type_count_the_bad_and_the_unknown(audited: Any) -> None:
     _, summary, _, _ = audited
-    assert summary["markers"]["INVALID"] == 1
+    assert summary["markers"]["INVALID"] == 2
     assert summary["markers"]["UNKNOWN_42"] == 1
+    assert summary["bad_input"] == {
+        "undecodable": 1, "unknown_version": 1, "unknown_type": 1, "orphans": 0
+    }  # fmt: skip
     assert summary["markers"]["DEAD_LETTERED"] == 3
     assert summary["snapshot"]["marker_records"] == sum(summary["markers"].values())
 
