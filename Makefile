@@ -44,7 +44,10 @@ bench: setup  ## the full benchmark (~15 min): bench/results/full.{json,md}
 bench-quick: setup  ## the benchmark in under 2 minutes: bench/results/quick.{json,md}
 	$(BIN)/python -m bench --quick
 
-.PHONY: chaos
+.PHONY: chaos spark-cluster
+
+spark-cluster: setup  ## the audit and the streaming source on local-cluster[2,1,1024] vs local[2] (~7 min)
+	$(BIN)/pytest -q tests/functional/spark_cluster_check.py
 
 chaos: setup  ## the full chaos run, 100,000 messages (about 35 minutes on 2 cores); `make test` runs a reduced one
 	KMQ_CHAOS_MESSAGES=$${KMQ_CHAOS_MESSAGES:-100000} KMQ_CHAOS_SECONDS=$${KMQ_CHAOS_SECONDS:-1800} \

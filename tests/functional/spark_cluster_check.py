@@ -1,10 +1,12 @@
 """The batch audit and the streaming source on ``local-cluster[2,1,1024]`` (a master, two
-workers and two executor JVMs started by Spark) give what they give on ``local[2]``."""
+workers and two executor JVMs started by Spark) give what they give on ``local[2]``.
+
+Not part of ``make test`` (its name does not match ``test_*.py``): it starts three more JVMs
+and takes 6 to 7 minutes on a 2-core machine. ``make spark-cluster`` runs it."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -29,11 +31,6 @@ def _stable(summary: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.skipif(
-    os.environ.get("KMQ_TEST_SPARK_CLUSTER") != "1",
-    reason="starts three more JVMs: 6 to 7 minutes on the shared 2-core machine; set "
-    "KMQ_TEST_SPARK_CLUSTER=1 to run it",
-)
 @pytest.mark.timeout(900)
 def test_audit_and_stream_on_two_executors_equal_local(
     spark: SparkSession, bootstrap: str, tmp_path: Path
