@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import statistics
 import time
 from collections import Counter, defaultdict
@@ -545,7 +546,9 @@ def _check_redeliveries(
                 f"{record.message_id} {where(marker)}: redelivered {at - start_at:.3f} s "
                 f"after its START was written (lease {run.lease_s} s)"
             )
-        cause, killed_at = checker.cause(events, holders, marks.get(key, []), at)
+        cause, killed_at = checker.cause(
+            events, holders, marks.get(key, []), at, ledgers.sent.get(record.message_id)
+        )
         report.causes[cause] += 1
         if cause in ("unexplained", "tracker_lag", "holder_silent"):
             (report.unexplained if cause == "unexplained" else report.overload).append(
@@ -604,6 +607,7 @@ class _Explainer:
         holders: list[Incarnation],
         marks: list[MarkerRecord],
         at: float,
+        sent_at: float | None = None,
     ) -> tuple[str, float | None]:
         """Why a lease expired, and the kill behind it if a kill was the cause."""
         settled = {e.worker for e in events if e.kind in ("acked", "nacked")}
@@ -611,15 +615,24 @@ class _Explainer:
             if holder.killed is not None and holder.killed <= at and holder.name not in settled:
                 return "holder_killed", holder.killed
         if not holders:
-            for inc in self._workers:
-                if inc.killed is None or inc.killed > at:
-                    continue
-                if any(
+            # Which killed worker wrote a START: one alive when its stamp, less its skew, says
+            # it was written, and not before the message was sent (a START's stamp read with
+            # another worker's skew points 150 s or more away, at some other incarnation).
+            earliest = -math.inf if sent_at is None else sent_at - PLAUSIBLE_SLACK_S
+            kills = [
+                inc.killed
+                for inc in self._workers
+                if inc.killed is not None
+                and inc.killed <= at
+                and any(
                     _alive_at(inc, m.timestamp_s - inc.skew_s)
+                    and earliest <= m.timestamp_s - inc.skew_s <= at + PLAUSIBLE_SLACK_S
                     for m in marks
                     if m.marker.type is MarkerType.START
-                ):
-                    return "buffered_killed", inc.killed
+                )
+            ]
+            if kills:
+                return "buffered_killed", max(kills)
         if self.fault_between(at, at):
             return "fault", None
         return self._load(events, holders, marks, at), None

@@ -281,6 +281,42 @@ def test_redelivery_of_a_buffered_message_is_explained_by_the_kill_of_its_starte
     assert report.early == []
 
 
+def test_a_buffered_redelivery_is_timed_from_its_true_starters_kill() -> None:
+    # w1.2 (300 s behind) STARTed it at T0 + 601 and died at T0 + 602. Its START's stamp,
+    # T0 + 301, read with w0.1's skew (300 s ahead) points at T0 + 1, when w0.1 (killed at
+    # T0 + 2) was alive too: but the message was only sent at T0 + 600, so w0.1 cannot have
+    # started it, and its kill is no part of the delay.
+    report = run_check_sent(
+        [
+            worker("w0.1", AHEAD_S, killed=T0 + 2),
+            Incarnation("w1.2", "worker", 1, BEHIND_S, started=T0 + 500, killed=T0 + 602),
+        ],
+        [event("took", "w0.2", T0 + 606, attempt=2)],
+        [
+            marker(MarkerType.START, T0 + 601 + BEHIND_S),
+            marker(MarkerType.REDELIVERED, T0 + 604.5, attempt=2, reason="lease expired"),
+        ],
+        sent_at=T0 + 600,
+        extra=[Incarnation("w0.2", "worker", 0, AHEAD_S, started=T0 + 3)],
+    )
+    assert report.causes == {"buffered_killed": 1}
+    assert report.delays_beyond_lease_s == [pytest.approx(606 - 602 - LEASE_S)]
+
+
+def run_check_sent(
+    incarnations: list[Incarnation],
+    events: list[WorkerEvent],
+    markers: list[MarkerRecord],
+    *,
+    sent_at: float,
+    extra: list[Incarnation],
+) -> Report:
+    run = RunLog(1, LEASE_S, 1.0, T0, T0 + 900, [*incarnations, *extra], [])
+    log = MarkerLog()
+    log.records.extend(markers)
+    return check(run, Ledgers(sent={MID: sent_at}, events=events), log, QueueLog())
+
+
 def test_queue_record_skew_is_measured_against_its_send() -> None:
     other = "n" * 32
     queue = QueueLog()
