@@ -300,6 +300,12 @@ class Consumer:
         with self._cond:
             return self._buffered() if self._at_most_once else len(self._leases)
 
+    @property
+    def ready(self) -> int:
+        """Messages :meth:`receive` would return at once: STARTed, committed, not yet taken."""
+        with self._cond:
+            return self._buffered()
+
     def _buffered(self) -> int:
         return len(self._ready) + len(self._ready_retry)
 

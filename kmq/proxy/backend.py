@@ -343,6 +343,7 @@ class _Gate:
             out = {"waiting": waiting, "stashed": len(self._stash)}
         out["consumer"] = int(consumer is not None)
         out["in_flight"] = consumer.in_flight if consumer is not None else 0
+        out["ready"] = consumer.ready if consumer is not None else 0
         return out
 
     def stop_waiting(self) -> None:
