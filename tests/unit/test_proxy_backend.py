@@ -56,6 +56,10 @@ class FakeConsumer:
     def in_flight(self) -> int:
         return self.incoming.qsize()
 
+    @property
+    def ready(self) -> int:
+        return self.incoming.qsize()
+
     def close(self, timeout_s: float = 30.0) -> None:
         self.closed.set()
 
