@@ -418,32 +418,43 @@ def test_import_does_no_io() -> None:
     assert result.stdout.strip() == "clean"
 
 
+class _Seeks:
+    """The consumer's Kafka client, as far as seeking goes; partition 9 was revoked."""
+
+    def __init__(self) -> None:
+        self.seeks: list[tuple[Any, int]] = []
+
+    def seek(self, tp: Any, offset: int) -> None:
+        if tp.partition == 9:
+            raise AssertionError("revoked meanwhile")  # swallowed: its new owner reads it
+        self.seeks.append((tp, offset))
+
+
+class Rec:
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+
+
+def _seeking_consumer() -> tuple[Any, _Seeks]:
+    """A Consumer with only what its seeking and gap checks use, on a stub client."""
+    from kmq.consumer import Consumer
+
+    consumer = Consumer.__new__(Consumer)
+    stub = _Seeks()
+    consumer._kc = stub
+    consumer._retry_topic = "q.retry"
+    consumer.queue = "q"
+    consumer._continuity = Continuity()
+    return consumer, stub
+
+
 def test_records_a_paused_poll_returns_are_read_again_not_dropped() -> None:
     """The consumer loop's paused branch polls only to keep its memberships alive; a
     partition assigned during that poll is not paused yet and can return a record. The
     consumer seeks back to it, so the position never passes a record no one started."""
     from kafka import TopicPartition
 
-    from kmq.consumer import Consumer
-
-    class Seeks:
-        def __init__(self) -> None:
-            self.seeks: list[tuple[TopicPartition, int]] = []
-
-        def seek(self, tp: TopicPartition, offset: int) -> None:
-            if tp.partition == 9:
-                raise AssertionError("revoked meanwhile")  # swallowed: its new owner reads it
-            self.seeks.append((tp, offset))
-
-    class Rec:
-        def __init__(self, offset: int) -> None:
-            self.offset = offset
-
-    consumer = Consumer.__new__(Consumer)
-    stub = Seeks()
-    consumer._kc = stub
-    consumer._retry_topic = "q.retry"
-    consumer._continuity = Continuity()
+    consumer, stub = _seeking_consumer()
     a, b, gone = TopicPartition("q", 0), TopicPartition("q", 1), TopicPartition("q", 9)
     consumer._unread({a: [Rec(41), Rec(42)], b: [], gone: [Rec(7)]})
     assert stub.seeks == [(a, 41)]
@@ -457,25 +468,7 @@ def test_a_poll_that_jumps_over_records_is_read_again() -> None:
     poll ended; the same gap found again is a hole in the log and is read on."""
     from kafka import TopicPartition
 
-    from kmq.consumer import Consumer
-
-    class Seeks:
-        def __init__(self) -> None:
-            self.seeks: list[tuple[TopicPartition, int]] = []
-
-        def seek(self, tp: TopicPartition, offset: int) -> None:
-            self.seeks.append((tp, offset))
-
-    class Rec:
-        def __init__(self, offset: int) -> None:
-            self.offset = offset
-
-    consumer = Consumer.__new__(Consumer)
-    stub = Seeks()
-    consumer._kc = stub
-    consumer._retry_topic = "q.retry"
-    consumer.queue = "q"
-    consumer._continuity = Continuity()
+    consumer, stub = _seeking_consumer()
     a, b = TopicPartition("q", 0), TopicPartition("q", 1)
     first = consumer._whole({a: [Rec(10), Rec(11)], b: [Rec(3)]})
     assert sorted(first) == [a, b] and stub.seeks == []
