@@ -3,8 +3,6 @@ and ``kmq serve`` replicas run as child processes (killed by PID at the end)."""
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import re
 import ssl
 import uuid
@@ -14,15 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 import kmq
 from kmq.topics import ensure_topics
 from tests.functional.conftest import REDELIVERY_TIMEOUT_S, Broker, RunningTracker, Topics
 from tests.functional.helpers import Child, Children
+from tests.functional.tls import make_ca, make_server_cert
 from tracker.config import TrackerConfig
 
 SECRET = "proxy-test-secret-0123456789"
@@ -102,38 +97,6 @@ class Replica:
         return httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s, verify=verify)
 
 
-def make_certificate(directory: Path) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 and its key."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
-    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path
-
-
 def write_credentials(directory: Path) -> tuple[Path, Path]:
     tokens = directory / "tokens"
     tokens.write_text(f"# test tokens\n{TOKEN}\n{LIMITED_TOKEN} {LIMITED_PATTERN}\n")
@@ -154,12 +117,14 @@ def start_replica(
     tls: bool = False,
 ) -> Replica:
     """``kmq serve`` on a free port of 127.0.0.1, once it listens; with ``tls``, over HTTPS
-    with a self-signed certificate."""
+    with a certificate from a test CA (the replica's ``ca``)."""
     tokens, keys = write_credentials(directory)
     cert = None
     if tls:
-        cert, key = make_certificate(directory)
-        extra = (*extra, "--certfile", str(cert), "--keyfile", str(key))
+        ca, ca_cert, ca_key = make_ca(directory)
+        server = make_server_cert(directory, ca_cert, ca_key)
+        cert = ca.cert
+        extra = (*extra, "--certfile", str(server.cert), "--keyfile", str(server.key))
     child = children.python(
         name,
         "-m", "kmq.proxy",
