@@ -9,13 +9,26 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.compute as pc  # type: ignore[import-untyped]
 from google.protobuf.message import DecodeError
 
 from kmq._proto import marker_pb2
 from kmq.errors import MarkerDecodeError
-from kmq.markers import KNOWN_TYPES, PROTOCOL_VERSION, Entry, MarkerType, check_entry, parse
+from kmq.markers import (
+    ENTRY_BYTES,
+    HEADER_BYTES,
+    KNOWN_TYPES,
+    LANES,
+    PROTOCOL_VERSION,
+    Entry,
+    MarkerType,
+    check_entry,
+    parse,
+)
 from kmq.records import ATTEMPT_HEADER, DLQ_ORIGIN_HEADER, ID_HEADER, parse_queue_headers
+from kmq.spark.kafka_io import RecordRun
 
 _MAX_INT32 = 2**31 - 1
 _START = int(MarkerType.START)
@@ -38,34 +51,46 @@ def marker_type_name(type_id: int, _cache: dict[int, str] = {}) -> str:  # noqa:
 
 
 class _Columns:
-    """Collects values per column, then hands them over as one Arrow record batch."""
+    """Collects record batches of the schema's columns; ``flush`` hands them over as one."""
 
     def __init__(self, schema: pa.Schema) -> None:
         self.schema = schema
         self.names: list[str] = list(schema.names)
-        self.cols: dict[str, list[Any]] = {name: [] for name in self.names}
+        self.batches: list[pa.RecordBatch] = []
         self.rows = 0
 
-    def flush(self) -> pa.RecordBatch:
+    def _add(self, columns: dict[str, Any], rows: int) -> None:
+        """Add ``rows`` rows: per column name, a list of Python values or an Arrow array."""
         arrays = []
         for field in self.schema:
-            values = self.cols[field.name]
-            if pa.types.is_timestamp(field.type):
+            values = columns[field.name]
+            if isinstance(values, pa.Array):
+                arrays.append(values)
+            elif pa.types.is_timestamp(field.type):
                 arrays.append(pa.array(values, type=_TS).cast(field.type))
             else:
                 arrays.append(pa.array(values, type=field.type))
-            self.cols[field.name] = []
-        self.rows = 0
-        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+        self.batches.append(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
+        self.rows += rows
+
+    def flush(self) -> pa.RecordBatch:
+        batches, self.batches, self.rows = self.batches, [], 0
+        if len(batches) == 1:
+            return batches[0]
+        if not batches:
+            return pa.RecordBatch.from_pylist([], schema=self.schema)
+        return pa.concat_batches(batches)
 
 
 def _ts(ts: int | None) -> int | None:
     return ts if ts is not None and ts >= 0 else None
 
 
-def _kmq_headers(record: Any) -> tuple[str, int, Sequence[tuple[str, bytes]]]:
-    """(message id, attempt, user headers) of a queue record, as kmq consumers see it."""
-    h = record.headers
+def _kmq_headers(
+    h: Any, partition: int, offset: int
+) -> tuple[str, int, Sequence[tuple[str, bytes]]]:
+    """(message id, attempt, user headers) of a queue record (its headers, partition and
+    offset), as kmq consumers see it."""
     # Fast path: the layout kmq writes, id and attempt first.
     if len(h) >= 2 and h[0][0] == ID_HEADER and h[1][0] == ATTEMPT_HEADER and h[0][1]:
         raw = h[1][1]
@@ -74,7 +99,7 @@ def _kmq_headers(record: Any) -> tuple[str, int, Sequence[tuple[str, bytes]]]:
             if all(k != ID_HEADER and k != ATTEMPT_HEADER and v is not None for k, v in user):
                 return h[0][1].decode("utf-8", "replace"), int(raw), user
     message_id, attempt, parsed = parse_queue_headers(h)
-    return message_id or f"ext-{record.partition}-{record.offset}", attempt, parsed
+    return message_id or f"ext-{partition}-{offset}", attempt, parsed
 
 
 def _origin(user: Sequence[tuple[str, bytes]]) -> str | None:
@@ -92,31 +117,43 @@ class QueueColumns(_Columns):
         self._key = queue.encode() if queue is not None else None
 
     def extend(self, records: Sequence[Any]) -> None:
+        """Add kafka-python-like records."""
+        self.extend_run(RecordRun.of(records))
+
+    def extend_run(self, run: RecordRun) -> None:
+        parts, offsets, stamps, keys = run.partitions, run.offsets, run.timestamps, run.keys
+        values, heads = run.values, run.headers
         if self._key is not None:
             key = self._key
-            records = [r for r in records if r.key == key]
-        c = self.cols
+            keep = [i for i, k in enumerate(keys) if k == key]
+            parts, offsets, stamps = (
+                [parts[i] for i in keep],
+                [offsets[i] for i in keep],
+                [stamps[i] for i in keep],
+            )
+            keys, values = [keys[i] for i in keep], [values[i] for i in keep]
+            heads = [heads[i] for i in keep] if heads is not None else None
         want = set(self.names)
-        self.rows += len(records)
+        c: dict[str, Any] = {}
         if want & {"message_id", "attempt", "headers", "dead_letter_origin"}:
-            parsed = [_kmq_headers(r) for r in records]
+            assert heads is not None, "read with headers for these columns"
+            parsed = [_kmq_headers(h, p, o) for h, p, o in zip(heads, parts, offsets, strict=True)]
             for i, name in enumerate(("message_id", "attempt", "headers")):
                 if name in want:
-                    c[name].extend([p[i] for p in parsed])
+                    c[name] = [p[i] for p in parsed]
             if "dead_letter_origin" in want:
-                c["dead_letter_origin"].extend([_origin(p[2]) if p[2] else None for p in parsed])
+                c["dead_letter_origin"] = [_origin(p[2]) if p[2] else None for p in parsed]
         if "partition" in want:
-            c["partition"].extend([r.partition for r in records])
+            c["partition"] = parts
         if "offset" in want:
-            c["offset"].extend([r.offset for r in records])
+            c["offset"] = offsets
         if "timestamp" in want:
-            c["timestamp"].extend([_ts(r.timestamp) for r in records])
+            c["timestamp"] = [_ts(t) for t in stamps]
         if "queue" in want:
-            c["queue"].extend(
-                [r.key.decode("utf-8", "replace") if r.key is not None else None for r in records]
-            )
+            c["queue"] = [k.decode("utf-8", "replace") if k is not None else None for k in keys]
         if "payload" in want:
-            c["payload"].extend([r.value for r in records])
+            c["payload"] = values
+        self._add(c, len(offsets))
 
 
 def _marker_error(pb: Any) -> str | None:
@@ -246,39 +283,195 @@ _MARKER_FIELDS: dict[str, Callable[[Any], Any]] = {
 }
 
 
+_ENTRY_DTYPE = np.dtype(
+    [("type", "u1"), ("lane", "u1"), ("partition", ">i4"), ("offset", ">i8"), ("attempt", ">u4"),
+     ("redeliver_after_ms", ">u4"), ("max_attempts", ">u4"), ("text", ">u2")]
+)  # fmt: skip
+"""kmq.markers.ENTRY as a numpy record: version 2 markers decode a column at a time."""
+assert _ENTRY_DTYPE.itemsize == ENTRY_BYTES
+_TYPE_NAMES = pa.array([marker_type_name(t) for t in range(256)], type=pa.string())
+_KNOWN = np.array(sorted(KNOWN_TYPES), dtype=np.uint8)
+_V2_PREFIX = b"\x02"
+
+
 class MarkerColumns(_Columns):
-    """Columns of markers-topic records; undecodable ones keep only ``error`` and position."""
+    """Columns of markers-topic records; undecodable ones keep only ``error`` and position.
+
+    Version 2 records are decoded a column at a time (numpy over their fixed-size entries);
+    version 1 (protobuf) and undecodable records a record at a time, in record order."""
 
     def __init__(self, schema: pa.Schema, queue: str | None = None) -> None:
         super().__init__(schema)
         self._queue = queue
 
     def extend(self, records: Sequence[Any]) -> None:
-        # A BATCH record becomes one row per marker, all at the record's partition and offset.
-        flat = [(r, p) for r in records for p in _parse_marker(r.value)]
-        records = [r for r, _ in flat]
-        parsed = [p for _, p in flat]
+        """Add kafka-python-like records."""
+        self.extend_run(RecordRun.of(records))
+
+    def extend_run(self, run: RecordRun) -> None:
+        # Sort the records: version 2 ones (entries, counts, texts) and the others.
+        fast: list[int] = []
+        counts: list[int] = []
+        chunks: list[bytes] = []
+        texts: dict[int, list[bytes]] = {}  # position in fast -> each entry's text
+        slow: list[int] = []
+        for i, v in enumerate(run.values):
+            if v is not None and v[:1] == _V2_PREFIX and len(v) >= HEADER_BYTES:
+                n = int.from_bytes(v[1:HEADER_BYTES], "big")
+                end = HEADER_BYTES + n * ENTRY_BYTES
+                if n and end == len(v):
+                    fast.append(i)
+                    counts.append(n)
+                    chunks.append(v[HEADER_BYTES:])
+                    continue
+                if n and end < len(v):
+                    try:
+                        _, entry_texts = parse(v)
+                    except MarkerDecodeError:
+                        slow.append(i)
+                        continue
+                    texts[len(fast)] = entry_texts
+                    fast.append(i)
+                    counts.append(n)
+                    chunks.append(v[HEADER_BYTES:end])
+                    continue
+            slow.append(i)
+        if not slow:
+            batch = self._v2_batch(run, fast, counts, chunks, texts)[0]
+        elif not fast:
+            batch = self._slow_batch(run, slow)[0]
+        else:  # both kinds: back into record order
+            v2, v2_records = self._v2_batch(run, fast, counts, chunks, texts)
+            other, other_records = self._slow_batch(run, slow)
+            order = np.argsort(np.concatenate([v2_records, other_records]), kind="stable")
+            batch = pa.concat_batches([v2, other]).take(pa.array(order))
+        self.batches.append(batch)
+        self.rows += batch.num_rows
+
+    def _v2_batch(
+        self,
+        run: RecordRun,
+        fast: list[int],
+        counts: list[int],
+        chunks: list[bytes],
+        texts: dict[int, list[bytes]],
+    ) -> tuple[pa.RecordBatch, Any]:
+        """The rows of version 2 records ``fast`` (positions in ``run``), with ``counts``
+        entries each (``chunks``: their entry bytes; ``texts``: by position in ``fast``, each
+        entry's text, for records that have texts), and each row's record position."""
+        e = np.frombuffer(b"".join(chunks), dtype=_ENTRY_DTYPE)
+        records = np.repeat(np.asarray(fast, dtype=np.int64), counts)
+        entry_texts: list[bytes] | None = None
+        if texts:
+            entry_texts = []
+            for k, n in enumerate(counts):
+                entry_texts.extend(texts.get(k) or [b""] * n)
+        valid = (
+            np.isin(e["type"], _KNOWN)
+            & np.isin(e["lane"], LANES)
+            & (e["partition"] >= 0)
+            & (e["offset"] >= 0)
+        )
+        all_valid = bool(valid.all())
+        if self._queue is not None and not all_valid:
+            # A queue filter keeps version 2 markers (they name no queue), the valid ones.
+            e, records = e[valid], records[valid]
+            if entry_texts is not None:
+                entry_texts = [t for t, k in zip(entry_texts, valid.tolist(), strict=True) if k]
+            valid, all_valid = np.ones(len(e), dtype=bool), True
+        n = len(e)
+        null = None if all_valid else ~valid
+        types = e["type"]
+        c: dict[str, Any] = {}
+        for name in self.names:
+            if name == "marker_partition":
+                c[name] = pa.array(np.asarray(run.partitions, dtype=np.int32)[records])
+            elif name == "marker_offset":
+                c[name] = pa.array(np.asarray(run.offsets, dtype=np.int64)[records])
+            elif name == "timestamp":
+                stamps = [t if t is not None else -1 for t in run.timestamps]
+                ts = np.asarray(stamps, dtype=np.int64)[records]
+                c[name] = pa.array(ts, type=_TS, mask=ts < 0).cast(self.schema.field(name).type)
+            elif name == "type":
+                c[name] = _TYPE_NAMES.take(pa.array(types, mask=null))
+            elif name == "type_id":
+                c[name] = pa.array(types.astype(np.int32), mask=null)
+            elif name == "version":
+                c[name] = pa.array(np.full(n, PROTOCOL_VERSION, dtype=np.int32), mask=null)
+            elif name in ("lane", "partition"):
+                c[name] = pa.array(e[name].astype(np.int32), mask=null)
+            elif name in ("offset", "redeliver_after_ms"):
+                c[name] = pa.array(e[name].astype(np.int64), mask=null)
+            elif name in ("attempt", "max_attempts"):
+                raw = e[name].astype(np.int64)
+                big = raw > _MAX_INT32  # a uint32 past the int32 column: null, as _int32 does
+                mask = big if null is None else (big | null)
+                c[name] = pa.array(np.where(big, 0, raw).astype(np.int32), mask=mask)
+            elif name in ("reason", "dead_letter_queue"):
+                c[name] = _text_column(name, types, entry_texts, null, n)
+            elif name == "error":
+                if null is None:
+                    c[name] = pa.nulls(n, type=pa.string())
+                else:
+                    c[name] = pa.array(
+                        [check_entry(_entry(row)) if bad else None
+                         for row, bad in zip(e.tolist(), null.tolist(), strict=True)],
+                        type=pa.string(),
+                    )  # fmt: skip
+            else:  # queue, message_id, key, value, headers: not in version 2 markers
+                c[name] = pa.nulls(n, type=self.schema.field(name).type)
+        arrays = [c[f.name] for f in self.schema]
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema), records
+
+    def _slow_batch(self, run: RecordRun, which: list[int]) -> tuple[pa.RecordBatch, Any]:
+        """Records one at a time (version 1 markers, undecodable records); a BATCH record
+        becomes one row per marker, all at the record's partition and offset."""
+        flat = [(i, p) for i in which for p in _parse_marker(run.values[i])]
         if self._queue is not None:
             # Version 2 markers name no queue: they are kept (join them with the queue
             # records to tell); version 1 markers of other queues are left out.
             q = self._queue
-            keep = [bool(p[0]) and p[0].queue in (q, None) for p in parsed]
-            records = [r for r, k in zip(records, keep, strict=True) if k]
-            parsed = [p for p, k in zip(parsed, keep, strict=True) if k]
-        c = self.cols
-        self.rows += len(records)
+            flat = [(i, p) for i, p in flat if bool(p[0]) and p[0].queue in (q, None)]
+        rows = [i for i, _ in flat]
+        parsed = [p for _, p in flat]
+        c: dict[str, Any] = {}
         for name in self.names:
-            column = c[name]
             if name == "marker_partition":
-                column.extend([r.partition for r in records])
+                c[name] = [run.partitions[i] for i in rows]
             elif name == "marker_offset":
-                column.extend([r.offset for r in records])
+                c[name] = [run.offsets[i] for i in rows]
             elif name == "timestamp":
-                column.extend([_ts(r.timestamp) for r in records])
+                c[name] = [_ts(run.timestamps[i]) for i in rows]
             elif name == "error":
-                column.extend([p[1] for p in parsed])
-            elif name == "type":  # the commonest lookup, inlined
-                column.extend([marker_type_name(p[0].type) if p[0] else None for p in parsed])
+                c[name] = [p[1] for p in parsed]
             else:
                 get = _MARKER_FIELDS[name]
-                column.extend([get(p[0]) if p[0] else None for p in parsed])
+                c[name] = [get(p[0]) if p[0] else None for p in parsed]
+        arrays = []
+        for field in self.schema:
+            values = c[field.name]
+            if pa.types.is_timestamp(field.type):
+                arrays.append(pa.array(values, type=_TS).cast(field.type))
+            else:
+                arrays.append(pa.array(values, type=field.type))
+        batch = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+        return batch, np.asarray(rows, dtype=np.int64)
+
+
+def _text_column(name: str, types: Any, texts: list[bytes] | None, null: Any, n: int) -> pa.Array:
+    """``reason`` or ``dead_letter_queue`` of version 2 markers: a START's text is its
+    dead-letter queue, another type's its reason; the other column is empty."""
+    if texts is None:
+        empty = pa.array(np.full(n, "", dtype=object), type=pa.string())
+        return empty if null is None else pc.if_else(pa.array(null), None, empty)
+    starts = (types == _START).tolist()
+    mine = starts if name == "dead_letter_queue" else [not s for s in starts]
+    return pa.array(
+        [t.decode("utf-8", "replace") if m else "" for t, m in zip(texts, mine, strict=True)],
+        type=pa.string(),
+        mask=null,
+    )
+
+
+def _entry(row: tuple[int, ...]) -> Entry:
+    return (row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7])

@@ -45,6 +45,8 @@ from kmq.validation import check_headers, check_payload, check_queue_id
 
 log = logging.getLogger(__name__)
 
+_HEADER_COLUMNS = {"message_id", "attempt", "dead_letter_origin", "headers"}
+"""Queue columns read from record headers (only reads that need them decode headers)."""
 _SLACK_BYTES = 4096  # as in kmq.producer: far enough under the limit, no exact size needed
 
 
@@ -145,8 +147,12 @@ def read_split(options: ReadOptions, schema: StructType, rng: OffsetRange) -> It
         if o.kind == "queue"
         else MarkerColumns(arrow_schema, o.queue)
     )
-    for records in read_range(o.bootstrap_servers, rng, dict(o.kafka), o.idle_timeout_ms):
-        columns.extend(records)
+    with_headers = o.kind == "queue" and bool(set(schema.fieldNames()) & _HEADER_COLUMNS)
+    runs = read_range(
+        o.bootstrap_servers, rng, dict(o.kafka), o.idle_timeout_ms, with_headers=with_headers
+    )
+    for run in runs:
+        columns.extend_run(run)
         if columns.rows >= o.batch_rows:
             yield columns.flush()
     if columns.rows:

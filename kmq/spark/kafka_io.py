@@ -7,13 +7,15 @@ among them, answer with stale values); that is correct on Apache Kafka as well.
 
 from __future__ import annotations
 
-import bisect
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.errors import KafkaError
+from kafka.consumer.fetcher import Fetcher
+from kafka.errors import CorruptRecordError, KafkaError
+from kafka.protocol.consumer.offsets import IsolationLevel
+from kafka.record.util import decode_varint
 
 from kmq import kafka_clients
 from kmq.errors import BrokerError
@@ -32,6 +34,7 @@ _READ_DEFAULTS: dict[str, Any] = {
 
 _POLL_MS = 200
 _POLL_RECORDS = 50_000
+_POLL_BATCHES = 1_000
 
 
 def _only_known(settings: Mapping[str, Any], known: Mapping[str, Any]) -> dict[str, Any]:
@@ -110,34 +113,227 @@ def partition_bounds(
         consumer.close(autocommit=False)
 
 
+class RecordRun:
+    """Records of a read, one list per field (no object per record): what the column
+    builders (kmq.spark.columns) take. ``headers`` is None when the reader did not ask for
+    them."""
+
+    __slots__ = ("headers", "keys", "offsets", "partitions", "timestamps", "values")
+
+    def __init__(self, *, with_headers: bool = True) -> None:
+        self.partitions: list[int] = []
+        self.offsets: list[int] = []
+        self.timestamps: list[int | None] = []
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.headers: list[list[tuple[str, bytes | None]]] | None = [] if with_headers else None
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    @classmethod
+    def of(cls, records: Any) -> RecordRun:
+        """A run of kafka-python-like records (``partition``, ``offset``, ``timestamp``,
+        ``key``, ``value``, ``headers`` attributes)."""
+        run = cls()
+        run.partitions = [r.partition for r in records]
+        run.offsets = [r.offset for r in records]
+        run.timestamps = [r.timestamp for r in records]
+        run.keys = [r.key for r in records]
+        run.values = [r.value for r in records]
+        run.headers = [r.headers for r in records]
+        return run
+
+    def add_batch(self, partition: int, batch: Any, lo: int, hi: int) -> None:
+        """Append the records of one kafka-python record batch whose offsets are in
+        ``[lo, hi)``."""
+        if batch.magic < 2:
+            for r in batch.records:
+                if lo <= r.offset < hi:
+                    self.partitions.append(partition)
+                    self.offsets.append(r.offset)
+                    self.timestamps.append(r.timestamp)
+                    self.keys.append(r.key)
+                    self.values.append(r.value)
+                    if self.headers is not None:
+                        self.headers.append(list(r.headers))
+            return
+        if batch.base_offset >= hi or batch.last_offset < lo:
+            return
+        before = len(self.offsets)
+        _decode_v2(batch, lo, hi, self)
+        self.partitions.extend([partition] * (len(self.offsets) - before))
+
+
+def _decode_v2(batch: Any, lo: int, hi: int, run: RecordRun) -> None:
+    """The records of a message format v2 batch, as kafka-python's DefaultRecordBatch reads
+    them (same checks), without building an object per record."""
+    batch._maybe_uncompress()  # kafka-python's own decompression of the batch
+    buf = bytes(batch._buffer)
+    pos: int = batch._pos
+    varint = decode_varint
+    base: int = batch.base_offset
+    first_ts: int = batch.first_timestamp
+    fixed_ts = batch.max_timestamp if batch.timestamp_type == _LOG_APPEND_TIME else None
+    add_offset, add_ts = run.offsets.append, run.timestamps.append
+    add_key, add_value = run.keys.append, run.values.append
+    add_headers = run.headers.append if run.headers is not None else None
+    try:
+        for _ in range(batch.records_count):
+            length, pos = varint(buf, pos)
+            end = pos + length
+            pos += 1  # attributes (int8, unused)
+            ts_delta, pos = varint(buf, pos)
+            offset_delta, pos = varint(buf, pos)
+            size, pos = varint(buf, pos)
+            if size >= 0:
+                key: bytes | None = buf[pos : pos + size]
+                pos += size
+            else:
+                key = None
+            size, pos = varint(buf, pos)
+            if size >= 0:
+                value: bytes | None = buf[pos : pos + size]
+                pos += size
+            else:
+                value = None
+            count, pos = varint(buf, pos)
+            if count < 0:
+                raise CorruptRecordError(f"Found invalid number of record headers {count}")
+            headers: list[tuple[str, bytes | None]] = []
+            while count:
+                size, pos = varint(buf, pos)
+                if size < 0:
+                    raise CorruptRecordError(f"Invalid negative header key size {size}")
+                name = buf[pos : pos + size].decode("utf-8")
+                pos += size
+                size, pos = varint(buf, pos)
+                if size >= 0:
+                    headers.append((name, buf[pos : pos + size]))
+                    pos += size
+                else:
+                    headers.append((name, None))
+                count -= 1
+            if pos != end:
+                raise CorruptRecordError(
+                    f"Invalid record size: expected to read {length} bytes in record "
+                    f"payload, but instead read {pos - end + length}"
+                )
+            offset = base + offset_delta
+            if lo <= offset < hi:
+                add_offset(offset)
+                add_ts(fixed_ts if fixed_ts is not None else first_ts + ts_delta)
+                add_key(key)
+                add_value(value)
+                if add_headers is not None:
+                    add_headers(headers)
+    except (ValueError, IndexError) as exc:
+        raise CorruptRecordError(f"Found invalid record structure: {exc!r}") from exc
+    if pos != len(buf):
+        raise CorruptRecordError(f"{len(buf) - pos} unconsumed bytes after all records consumed")
+
+
+_LOG_APPEND_TIME = 1
+
+
+class _Legacy:
+    """The records of a message format v0/v1 batch (one wrapper message), read as usual."""
+
+    magic = 1
+
+    def __init__(self, records: list[Any]) -> None:
+        self.records = records
+        self.last_offset: int = records[-1].offset
+
+
+class _WholeBatches(Fetcher.PartitionRecords):  # type: ignore[misc]
+    """kafka-python's fetched partition data handing each record batch over whole, instead of
+    a ConsumerRecord per record: ``poll()`` then returns batches (``max_records`` counts
+    batches), which :meth:`RecordRun.add_batch` decodes. The batch-level work (CRC checks,
+    aborted transactions, control batches, positions) is kafka-python's, as in its
+    ``_unpack_records``."""
+
+    def _maybe_skip_record(self, batch: Any) -> bool:
+        return bool(batch.last_offset < self.fetch_offset)
+
+    def _unpack_records(
+        self, tp: Any, records: Any, key_deserializer: Any, value_deserializer: Any
+    ) -> Iterator[Any]:
+        batch = records.next_batch()
+        last_batch = None
+        while batch is not None:
+            last_batch = batch
+            if self.check_crcs and not batch.validate_crc():
+                raise CorruptRecordError(
+                    f"Record batch for partition {tp} at offset {batch.base_offset} "
+                    "failed crc check"
+                )
+            if batch.magic == 2:
+                self.leader_epoch = batch.leader_epoch
+                if self.isolation_level == _READ_COMMITTED and batch.has_producer_id():
+                    self._consume_aborted_transactions_up_to(batch.last_offset)
+                    if self._contains_abort_marker(batch):
+                        self.aborted_producer_ids.discard(batch.producer_id)
+                    elif self._is_batch_aborted(batch):
+                        self.next_fetch_offset = batch.next_offset
+                        batch = records.next_batch()
+                        continue
+                if batch.is_control_batch:
+                    self.next_fetch_offset = batch.next_offset
+                    batch = records.next_batch()
+                    continue
+                self.next_fetch_offset = batch.next_offset
+                yield batch
+            else:
+                legacy = []
+                for record in batch:
+                    if self.check_crcs and not record.validate_crc():
+                        raise CorruptRecordError(
+                            f"Record for partition {tp} at offset {record.offset} failed crc check"
+                        )
+                    legacy.append(record)
+                if legacy:
+                    self.next_fetch_offset = legacy[-1].offset + 1
+                    yield _Legacy(legacy)
+            batch = records.next_batch()
+        if last_batch is not None and last_batch.magic == 2:
+            self.next_fetch_offset = last_batch.next_offset
+        self.drain()
+
+
+_READ_COMMITTED = IsolationLevel.READ_COMMITTED
+
+
 def read_range(
     bootstrap_servers: str,
     rng: OffsetRange,
     settings: Mapping[str, Any] | None = None,
     idle_timeout_ms: int = 30_000,
-) -> Iterator[list[Any]]:
-    """Yield the records of ``rng`` in offset order, in batches (kafka-python records)."""
+    *,
+    with_headers: bool = True,
+) -> Iterator[RecordRun]:
+    """Yield the records of ``rng`` in offset order, a run per fetch."""
     if rng.size == 0:
         return
     consumer = open_consumer(bootstrap_servers, settings or {})
+    # Whole batches from the fetcher, decoded here: kafka-python's record objects cost
+    # more than everything else a read does.
+    consumer._fetcher.PartitionRecords = _WholeBatches
     tp = TopicPartition(rng.topic, rng.partition)
     try:
         consumer.assign([tp])
         consumer.seek(tp, rng.start)
         last_progress = time.monotonic()
         while True:
-            # Never ask for records past the range: kafka-python decodes all it returns.
-            wanted = max(1, min(_POLL_RECORDS, rng.end - consumer.position(tp)))
-            batch = consumer.poll(timeout_ms=_POLL_MS, max_records=wanted).get(tp)
+            batches = consumer.poll(timeout_ms=_POLL_MS, max_records=_POLL_BATCHES).get(tp)
             now = time.monotonic()
-            if batch:
+            if batches:
                 last_progress = now
-                if batch[-1].offset >= rng.end:
-                    batch = batch[: bisect.bisect_left(batch, rng.end, key=lambda r: r.offset)]
-                if batch:
-                    yield batch
-                if batch and batch[-1].offset >= rng.end - 1:
-                    return
+                run = RecordRun(with_headers=with_headers)
+                for batch in batches:
+                    run.add_batch(rng.partition, batch, rng.start, rng.end)
+                if len(run):
+                    yield run
             if consumer.position(tp) >= rng.end:
                 return
             if (now - last_progress) * 1000 > idle_timeout_ms:

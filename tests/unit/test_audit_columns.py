@@ -6,16 +6,21 @@ import datetime as dt
 from collections import namedtuple
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kafka.errors import CorruptRecordError
+from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from kmq._proto import marker_pb2
+from kmq.audit.transforms import MARKER_COLUMNS
 from kmq.markers import RETRY_LANE, Marker, MarkerType, encode, encode_batch, encode_entries
 from kmq.markers_v1 import encode_batch_v1, encode_v1
 from kmq.records import dead_letter_headers, parse_queue_headers, queue_headers
 from kmq.spark.columns import MarkerColumns, QueueColumns, _kmq_headers, marker_type_name
+from kmq.spark.kafka_io import RecordRun
 from kmq.spark.schemas import MARKERS_SCHEMA, QUEUE_SCHEMA
 
 Record = namedtuple("Record", "partition offset timestamp key value headers")
@@ -78,9 +83,8 @@ header_values = st.one_of(st.none(), st.sampled_from([b"", b"0", b"01", b"7", b"
 @settings(deadline=None)
 @given(st.lists(st.tuples(header_names, header_values), max_size=5))
 def test_fast_header_path_agrees_with_parse_queue_headers(headers: list[Any]) -> None:
-    record = Record(3, 9, TS, b"q", b"", headers)
     message_id, attempt, user = parse_queue_headers(headers)
-    got_id, got_attempt, got_user = _kmq_headers(record)
+    got_id, got_attempt, got_user = _kmq_headers(headers, 3, 9)
     assert (got_id, got_attempt, list(got_user)) == (message_id or "ext-3-9", attempt, list(user))
 
 
@@ -230,3 +234,120 @@ def test_marker_columns_of_version_2_markers() -> None:
     filtered = MarkerColumns(to_arrow_schema(MARKERS_SCHEMA), queue="orders")
     filtered.extend([_marker_record(0, encode_batch(batch))])
     assert [r["type"] for r in _rows(filtered)] == ["START", "NACK"]
+
+
+# Reading record batches whole (kmq.spark.kafka_io): the same records kafka-python reads.
+
+record_fields = st.tuples(
+    st.integers(0, 2**40),  # timestamp
+    st.one_of(st.none(), st.binary(max_size=80)),  # key
+    st.one_of(st.none(), st.binary(max_size=300)),  # value
+    st.lists(
+        st.tuples(st.text(max_size=8), st.one_of(st.none(), st.binary(max_size=8))), max_size=3
+    ),
+)
+
+
+def _batch(base: int, records: list[Any], compression: int = 0) -> bytes:
+    builder = DefaultRecordBatchBuilder(
+        magic=2, compression_type=compression, is_transactional=0, producer_id=-1,
+        producer_epoch=-1, base_sequence=-1, batch_size=1 << 22,
+    )  # fmt: skip
+    for i, (ts, key, value, headers) in enumerate(records):
+        builder.append(i, ts, key, value, headers)
+    buf = bytearray(builder.build())
+    buf[0:8] = base.to_bytes(8, "big")  # as the broker does; not covered by the CRC
+    return bytes(buf)
+
+
+@settings(deadline=None, max_examples=60)
+@given(
+    st.lists(record_fields, min_size=1, max_size=40),
+    st.integers(0, 10**9),
+    st.integers(0, 45),
+    st.integers(0, 45),
+    st.sampled_from([0, 1]),  # no compression, gzip
+)
+def test_whole_batch_decoding_reads_what_kafka_python_reads(
+    records: list[Any], base: int, lo: int, hi: int, compression: int
+) -> None:
+    data = _batch(base, records, compression)
+    expected = [
+        (r.offset, r.timestamp, r.key, r.value, r.headers)
+        for r in DefaultRecordBatch(data)
+        if base + lo <= r.offset < base + hi
+    ]
+    run = RecordRun()
+    run.add_batch(5, DefaultRecordBatch(data), base + lo, base + hi)
+    assert run.headers is not None
+    got = list(zip(run.offsets, run.timestamps, run.keys, run.values, run.headers, strict=True))
+    assert got == expected
+    assert run.partitions == [5] * len(expected)
+    bare = RecordRun(with_headers=False)
+    bare.add_batch(5, DefaultRecordBatch(data), base + lo, base + hi)
+    assert bare.headers is None and bare.values == [e[3] for e in expected]
+
+
+def test_whole_batch_decoding_rejects_a_corrupt_batch() -> None:
+    data = bytearray(_batch(0, [(1, b"k", b"value", [("h", b"x")])]))
+    assert data[-2:] == b"\x02x"
+    data[-2] = 0x04  # the header value's length (zigzag): 2 bytes, past the record's end
+    with pytest.raises(CorruptRecordError):
+        RecordRun().add_batch(0, DefaultRecordBatch(bytes(data)), 0, 10)
+
+
+# Version 2 markers decoded a column at a time: the same rows as one record at a time.
+
+v2_entries = st.tuples(
+    st.sampled_from([1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 42]),  # type, some unknown
+    st.sampled_from([0, 1, 0, 2]),  # lane, one unknown
+    st.integers(-1, 2**31 - 1),  # partition
+    st.integers(-1, 2**40),  # offset
+    st.sampled_from([0, 1, 2, 2**31 - 1, 2**31, 2**32 - 1]),  # attempt
+    st.integers(0, 2**32 - 1),  # redeliver_after_ms
+    st.sampled_from([0, 5, 2**32 - 1]),  # max_attempts
+    st.sampled_from(["", "", "bad input", "orders.dlq", "é"]),  # text
+)
+
+
+def _v2_value(entries: list[Any]) -> bytes:
+    texts = [t.encode() for *_, t in entries]
+    return encode_entries([(*e[:7], len(t)) for e, t in zip(entries, texts, strict=True)],
+                          [t for t in texts if t])  # fmt: skip
+
+
+marker_values = st.one_of(
+    st.lists(v2_entries, min_size=1, max_size=4).map(_v2_value),
+    st.lists(v2_entries, min_size=1, max_size=4).map(lambda e: _v2_value(e)[:-1]),  # cut short
+    st.sampled_from(
+        [
+            None,
+            b"\x02",
+            b"\x02\x00\x00\x00\x00",
+            b"junk",
+            encode_v1(type=MarkerType.END, queue="a", message_id="m"),
+            encode_v1(type=MarkerType.START, queue="b", message_id="n", offset=3),
+        ]
+    ),
+)
+
+
+@settings(deadline=None, max_examples=150)
+@given(
+    st.lists(marker_values, max_size=12),
+    st.sampled_from([None, "a"]),
+    st.sampled_from([list(MARKERS_SCHEMA.fieldNames()), list(MARKER_COLUMNS)]),
+)
+def test_version_2_markers_decode_by_column_as_by_record(
+    values: list[bytes | None], queue: str | None, names: list[str]
+) -> None:
+    schema = to_arrow_schema(StructType([f for f in MARKERS_SCHEMA.fields if f.name in names]))
+    records = [Record(3, 100 + i, TS + i if i % 3 else -1, b"k", v, []) for i, v in
+               enumerate(values)]  # fmt: skip
+    fast = MarkerColumns(schema, queue)
+    fast.extend(records)
+    one_by_one = MarkerColumns(schema, queue)
+    run = RecordRun.of(records)
+    reference = one_by_one._slow_batch(run, list(range(len(records))))[0]
+    assert fast.rows == reference.num_rows
+    assert fast.flush().to_pylist() == reference.to_pylist()
