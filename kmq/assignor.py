@@ -7,9 +7,17 @@ partition no member declares stays unassigned (the classic group protocol allows
 the group never fetches it. A member that declares nothing readable (another client) is
 taken to want every partition of its topics.
 
-Members also offer kafka-python's range assignor, after this one: a group that still has
-members of kmq 0.1 (range only) then agrees on range, and everyone reads everything, as
-0.1 did.
+Cooperative (the default, KIP-429 incremental rebalancing): members keep their partitions
+through a rebalance and go on reading them; the leader leaves each partition with its owner
+unless the counts must be evened out, and a partition that moves is first taken from its
+owner and given to the new one only in the next round, so no two members read it at once.
+A member killed or joining then stops only the partitions it owned or gets, not the whole
+group (eager rebalancing revokes every partition of every member at every join).
+
+Eager members also offer kafka-python's range assignor, after this one: a group that still
+has members of kmq 0.1 (range only) then agrees on range, and everyone reads everything, as
+0.1 did. Cooperative members cannot (kafka-python needs one rebalance protocol for all of a
+consumer's assignors), so a group mixing 0.1 members needs ``rebalance="eager"``.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from kafka.coordinator.assignors.abstract import AbstractPartitionAssignor
+from kafka.coordinator.assignors.abstract import AbstractPartitionAssignor, RebalanceProtocol
 from kafka.protocol.consumer.metadata import (
     ConsumerProtocolAssignment,
     ConsumerProtocolSubscription,
@@ -29,9 +37,13 @@ log = logging.getLogger(__name__)
 
 NAME = "kmq-layout"
 _VERSION = 0
+_COOPERATIVE_VERSION = 1
+"""Subscription version 1 carries the partitions a member owns (KIP-429)."""
 
 Declared = Mapping[str, Iterable[int]]
 """Partitions a member wants, by topic."""
+
+Partition = tuple[str, int]
 
 
 def encode_declared(declared: Declared) -> bytes:
@@ -52,10 +64,18 @@ def decode_declared(data: bytes | None) -> dict[str, set[int]] | None:
 def assign(
     members: list[tuple[str, set[str], dict[str, set[int]] | None]],
     partitions_of: Mapping[str, set[int]],
+    owned: Mapping[str, Iterable[Partition]] | None = None,
 ) -> dict[str, dict[str, list[int]]]:
     """Pure assignment. ``members``: (member id, subscribed topics, declared partitions or
-    ``None`` for "all"), in the order ties are broken; ``partitions_of``: what exists."""
-    wanted: dict[tuple[str, int], list[str]] = {}
+    ``None`` for "all"), in the order ties are broken; ``partitions_of``: what exists.
+
+    ``owned`` (cooperative rebalancing): what each member reads now. A partition stays with
+    its owner while that owner still wants it and the counts stay within one of each other;
+    a partition that must move is left out of this round (its owner gives it up and rejoins,
+    and the next round, where nobody owns it, gives it to its new owner). ``None``: eager,
+    every partition placed afresh.
+    """
+    wanted: dict[Partition, list[str]] = {}
     for member_id, topics, declared in members:
         for topic in topics:
             existing = partitions_of.get(topic, set())
@@ -63,40 +83,114 @@ def assign(
             for partition in asked:
                 wanted.setdefault((topic, partition), []).append(member_id)
     load = {member_id: 0 for member_id, _, _ in members}
+    # Who reads each partition now (the first claimant in member order, should two claim it).
+    holder: dict[Partition, str] = {}
+    for member_id, _, _ in members:
+        for tp in (owned or {}).get(member_id, ()):
+            holder.setdefault(tp, member_id)
+    owner: dict[Partition, str] = {}
+    for tp, member_id in sorted(holder.items()):
+        if member_id in wanted.get(tp, ()):
+            owner[tp] = member_id
+            load[member_id] += 1
+    for tp, candidates in sorted(wanted.items()):
+        if tp not in owner:
+            chosen = min(candidates, key=lambda m: load[m])
+            load[chosen] += 1
+            owner[tp] = chosen
+    if owned is not None:
+        _even_out(owner, wanted, load, holder)
     out: dict[str, dict[str, list[int]]] = {member_id: {} for member_id, _, _ in members}
-    for (topic, partition), candidates in sorted(wanted.items()):
-        chosen = min(candidates, key=lambda m: load[m])
-        load[chosen] += 1
-        out[chosen].setdefault(topic, []).append(partition)
+    for (topic, partition), member_id in sorted(owner.items()):
+        if holder.get((topic, partition), member_id) != member_id:
+            continue  # moving: its holder gives it up first
+        out[member_id].setdefault(topic, []).append(partition)
     return out
 
 
+def _even_out(
+    owner: dict[Partition, str],
+    wanted: Mapping[Partition, list[str]],
+    load: dict[str, int],
+    holder: Mapping[Partition, str],
+) -> None:
+    """Move partitions from a member to a less loaded one that wants them while the two
+    differ by two or more; partitions nobody holds yet move first. Each move lowers the sum
+    of squared loads, so this ends."""
+    order = sorted(owner, key=lambda tp: (tp in holder, tp))
+    moved = True
+    while moved:
+        moved = False
+        for tp in order:
+            current = owner[tp]
+            lightest = min(wanted[tp], key=lambda m: load[m])
+            if load[current] - load[lightest] >= 2:
+                owner[tp] = lightest
+                load[current] -= 1
+                load[lightest] += 1
+                moved = True
+
+
 class LayoutAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
-    """kafka-python's side of :func:`assign`. ``declared()`` is asked at every join."""
+    """kafka-python's side of :func:`assign`. ``declared()`` is asked at every join.
+
+    ``owned()``, given for cooperative rebalancing, is what the member reads now (its
+    consumer's assignment); members send it along (subscription version 1) so the leader
+    can keep each partition where it is.
+    """
 
     name = NAME
-    version = _VERSION
 
-    def __init__(self, declared: Callable[[], Declared]) -> None:
+    def __init__(
+        self,
+        declared: Callable[[], Declared],
+        owned: Callable[[], Iterable[Any]] | None = None,
+    ) -> None:
         self._declared = declared
+        self._owned = owned
+        self.version = _VERSION if owned is None else _COOPERATIVE_VERSION
+
+    def supported_protocols(self) -> list[RebalanceProtocol]:
+        if self._owned is None:
+            return [RebalanceProtocol.EAGER]
+        return [RebalanceProtocol.COOPERATIVE]
 
     def metadata(self, topics: Iterable[str]) -> Any:
+        declared = encode_declared(self._declared())
+        if self._owned is None:
+            return ConsumerProtocolSubscription(_VERSION, sorted(topics), declared)
+        by_topic: dict[str, list[int]] = {}
+        for tp in self._owned():
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        entry = ConsumerProtocolSubscription.TopicPartition
         return ConsumerProtocolSubscription(
-            _VERSION, sorted(topics), encode_declared(self._declared())
+            version=_COOPERATIVE_VERSION,
+            topics=sorted(topics),
+            user_data=declared,
+            owned_partitions=[
+                entry(topic=t, partitions=sorted(ps)) for t, ps in sorted(by_topic.items())
+            ],
         )
 
     def assign(self, cluster: Any, members: list[Any]) -> dict[str, Any]:
         rows = []
         topics: set[str] = set()
+        owned: dict[str, list[Partition]] | None = None if self._owned is None else {}
         ordered = sorted(members, key=lambda m: (m.group_instance_id is None, m.member_id))
         for member in ordered:
             subscribed = set(member.metadata.topics)
             topics |= subscribed
             rows.append((member.member_id, subscribed, decode_declared(member.metadata.user_data)))
+            if owned is not None:
+                owned[member.member_id] = [
+                    (entry.topic, partition)
+                    for entry in getattr(member.metadata, "owned_partitions", None) or ()
+                    for partition in entry.partitions
+                ]
         partitions_of = {t: set(cluster.partitions_for_topic(t) or ()) for t in topics}
-        result = assign(rows, partitions_of)
+        result = assign(rows, partitions_of, owned)
         return {
-            member_id: ConsumerProtocolAssignment(_VERSION, sorted(by_topic.items()), b"")
+            member_id: ConsumerProtocolAssignment(self.version, sorted(by_topic.items()), b"")
             for member_id, by_topic in result.items()
         }
 

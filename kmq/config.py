@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 
 AT_LEAST_ONCE = "at_least_once"
 AT_MOST_ONCE = "at_most_once"
+COOPERATIVE = "cooperative"
+EAGER = "eager"
 
 MAX_REDELIVERY_TIMEOUT_S = 12 * 3600.0
 """The longest lease kmq accepts, like SQS's maximum visibility timeout."""
@@ -166,10 +168,19 @@ class ConsumerConfig:
     transactional: bool = False
     """Write a batch's START markers and its queue-offset commit in one Kafka transaction:
     a crash or rebalance between them then never delivers a record twice."""
+    rebalance: str = COOPERATIVE
+    """``"cooperative"``: a member joining or leaving the group moves only the partitions
+    that must move, and every other member goes on reading through the rebalance.
+    ``"eager"``: every member gives up every partition at every rebalance; needed only while
+    kmq 0.1 consumers (which know only eager rebalancing) are in the same group."""
     rng: Callable[[], float] = field(default=random.random, repr=False, compare=False)
     """Random source in [0, 1) for backoff jitter; inject one to make tests deterministic."""
 
     def __post_init__(self) -> None:
+        if self.rebalance not in (COOPERATIVE, EAGER):
+            raise ConfigError(
+                f"rebalance must be {COOPERATIVE!r} or {EAGER!r}, got {self.rebalance!r}"
+            )
         if self.mode not in (AT_LEAST_ONCE, AT_MOST_ONCE):
             raise ConfigError(
                 f"mode must be {AT_LEAST_ONCE!r} or {AT_MOST_ONCE!r}, got {self.mode!r}"

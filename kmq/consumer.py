@@ -36,7 +36,7 @@ from kafka.structs import MemberState, OffsetAndMetadata
 
 from kmq import kafka_clients, metrics
 from kmq.assignor import LayoutAssignor
-from kmq.config import AT_MOST_ONCE, MAX_REDELIVERY_TIMEOUT_S, ConsumerConfig
+from kmq.config import AT_MOST_ONCE, EAGER, MAX_REDELIVERY_TIMEOUT_S, ConsumerConfig
 from kmq.continuity import Continuity
 from kmq.errors import (
     BrokerError,
@@ -48,6 +48,7 @@ from kmq.leases import Actions, Batch, BatchCycle, Leases
 from kmq.marker_writer import Flush, MarkerWriter
 from kmq.markers import QUEUE_LANE, RETRY_LANE, Entry, MarkerType, encode_entries
 from kmq.message import Message, State
+from kmq.rebalances import GivenUp
 from kmq.receipts import Receipt
 from kmq.records import ID_HEADER, dead_letter_headers, delivery_key, parse_queue_headers
 
@@ -162,6 +163,7 @@ class Consumer:
         self._declared_retry: frozenset[int] = frozenset()
         self._legacy_done: set[int] = set()
         self._layout_version = -1
+        self._given_up = GivenUp()
         try:
             # Two group members: the queue topic's, and the retry topic's (its own group).
             # Apart, each can be paused as a whole, and the retry lane is read first.
@@ -170,7 +172,7 @@ class Consumer:
                 f"{self.group_id}.retry", self._retry_declaration, 500, "retry-consumer"
             )
             self._refresh_layout(initial=True)
-            self._kc.subscribe([self._topic])
+            self._kc.subscribe([self._topic], listener=self._given_up)
             self._rc.subscribe([self._retry_topic])
             self._txn: KafkaProducer | None = None
             if config.transactional:
@@ -195,7 +197,12 @@ class Consumer:
         self, group_id: str, declared: Any, fetch_max_wait_ms: int, name: str = "consumer"
     ) -> KafkaConsumer:
         cfg = self._svc_config
-        return kafka_clients.consumer(  # installs kmq.join_fix: a group member
+        made: list[KafkaConsumer] = []
+        if self.config.rebalance == EAGER:
+            strategy: list[Any] = [LayoutAssignor(declared), RangePartitionAssignor]
+        else:  # the member tells the leader what it reads, to keep it through a rebalance
+            strategy = [LayoutAssignor(declared, lambda: made[0].assignment() if made else ())]
+        client = kafka_clients.consumer(  # installs kmq.join_fix: a group member
             cfg.connection,
             name,
             group_id=group_id,
@@ -206,8 +213,10 @@ class Consumer:
             request_timeout_ms=max(cfg.request_timeout_ms, cfg.session_timeout_ms + 5000),
             fetch_max_wait_ms=fetch_max_wait_ms,
             isolation_level="read_committed",  # a transactional tracker's aborted copies
-            partition_assignment_strategy=[LayoutAssignor(declared), RangePartitionAssignor],
+            partition_assignment_strategy=strategy,
         )
+        made.append(client)
+        return client
 
     @staticmethod
     def _poll_ms(client: KafkaConsumer, wanted_ms: int) -> int:
@@ -308,6 +317,13 @@ class Consumer:
 
     def _buffered(self) -> int:
         return len(self._ready) + len(self._ready_retry)
+
+    @property
+    def partitions_given_up(self) -> int:
+        """Queue-topic partitions this consumer has given up at rebalances (revoked or lost)
+        since it started. With cooperative rebalancing only those that moved to another
+        member count; eager rebalancing gives up every partition at every rebalance."""
+        return self._given_up.count
 
     def assignment(self) -> frozenset[int]:
         """Queue-topic partitions this consumer owned at its last poll (empty before it joins)."""
@@ -669,7 +685,7 @@ class Consumer:
             log.info("queue %r now reads partitions %s: rejoining its group",
                      self.queue, sorted(declared))  # fmt: skip
             self._kc.unsubscribe()
-            self._kc.subscribe([self._topic])
+            self._kc.subscribe([self._topic], listener=self._given_up)
         if grew_retry:
             self._rc.unsubscribe()
             self._rc.subscribe([self._retry_topic])

@@ -59,6 +59,15 @@ from tracker.config import TrackerConfig
     default=10_000,
 )
 @click.option(
+    "--rebalance",
+    envvar="KMQ_REBALANCE",
+    show_envvar=True,
+    type=click.Choice(["cooperative", "eager"]),
+    default="cooperative",
+    help="cooperative: a replica joining or leaving moves only the partitions that must "
+    "move. eager: only to join replicas of an earlier kmq (they know only eager).",
+)
+@click.option(
     "--commit-interval-s", envvar="KMQ_COMMIT_INTERVAL_S", show_envvar=True, type=float, default=1.0
 )
 @click.option(
@@ -128,6 +137,7 @@ def main(
     group_id: str,
     default_redelivery_timeout_s: float,
     session_timeout_ms: int,
+    rebalance: str,
     commit_interval_s: float,
     stats_interval_s: float,
     max_message_bytes: int,
@@ -151,6 +161,7 @@ def main(
             group_id=group_id,
             default_redelivery_timeout_s=default_redelivery_timeout_s,
             session_timeout_ms=session_timeout_ms,
+            rebalance=rebalance,
             commit_interval_s=commit_interval_s,
             stats_interval_s=stats_interval_s,
             max_message_bytes=max_message_bytes,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kmq.config import (
+    COOPERATIVE,
+    EAGER,
     check_positive_int,
     check_seconds,
     check_security,
@@ -29,6 +31,11 @@ class TrackerConfig:
     default_redelivery_timeout_s: float = 30.0
     """Lease used for markers whose own is missing or absurd."""
     session_timeout_ms: int = 10_000
+    rebalance: str = COOPERATIVE
+    """``"cooperative"``: a replica joining, leaving or dying moves only the markers
+    partitions that must move, and the others go on tracking theirs. ``"eager"``: every
+    replica gives up (and later replays) every partition at every rebalance; needed only to
+    join a group of replicas of an earlier kmq, which know only eager rebalancing."""
     request_timeout_ms: int = 30_000
     commit_interval_s: float = 1.0
     poll_timeout_ms: int = 100
@@ -65,6 +72,10 @@ class TrackerConfig:
             raise ConfigError("group_id must be a non-empty string")
         check_seconds(self.default_redelivery_timeout_s, "default_redelivery_timeout_s")
         check_positive_int(self.session_timeout_ms, "session_timeout_ms", minimum=1000)
+        if self.rebalance not in (COOPERATIVE, EAGER):
+            raise ConfigError(
+                f"rebalance must be {COOPERATIVE!r} or {EAGER!r}, got {self.rebalance!r}"
+            )
         check_positive_int(self.request_timeout_ms, "request_timeout_ms", minimum=1000)
         check_seconds(self.commit_interval_s, "commit_interval_s", maximum=3600)
         check_positive_int(self.poll_timeout_ms, "poll_timeout_ms")

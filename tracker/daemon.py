@@ -16,6 +16,9 @@ from collections.abc import Callable, Iterable
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
+from kafka.coordinator.assignors.range import RangePartitionAssignor
+from kafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from kafka.errors import (
     KafkaConnectionError,
     KafkaError,
@@ -26,6 +29,7 @@ from kafka.errors import (
 from kafka.structs import MemberState, OffsetAndMetadata
 
 from kmq import kafka_clients, reach
+from kmq.config import COOPERATIVE
 from kmq.control import ControlWatcher
 from kmq.errors import BrokerError, ConfigError, KmqError
 from kmq.layout import write_partitions
@@ -116,6 +120,11 @@ class Tracker:
             heartbeat_interval_ms=max(100, config.session_timeout_ms // 4),
             request_timeout_ms=max(config.request_timeout_ms, config.session_timeout_ms + 5000),
             fetch_max_wait_ms=100,
+            partition_assignment_strategy=(
+                [CooperativeStickyAssignor]
+                if config.rebalance == COOPERATIVE
+                else [RangePartitionAssignor, RoundRobinPartitionAssignor]  # kafka-python's
+            ),
         )
         opened.append(lambda: self._kc.close(autocommit=False))
         self._listener = _Listener()
@@ -555,6 +564,7 @@ class Tracker:
             self._committed.pop(partition, None)
             self._writers.release(partition)
         self._caught_up.clear()
+        self._retired["partitions_revoked"] += len(partitions)
         log.info("revoked partitions %s", sorted(partitions))
 
     def _on_assigned(self, assigned: list[int]) -> None:

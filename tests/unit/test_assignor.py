@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kafka.coordinator.assignors.abstract import RebalanceProtocol
 from kafka.protocol.consumer.metadata import ConsumerProtocolSubscription
 
 from kmq.assignor import NAME, LayoutAssignor, assign, decode_declared, encode_declared
@@ -198,4 +199,111 @@ def test_static_members_break_ties_first() -> None:
     assert {m: dict(a.assigned_partitions) for m, a in result.items()} == {
         "a": {},
         "b": {"t": [0]},
+    }
+
+
+# -- cooperative rebalancing --------------------------------------------------------------------
+
+Owned = dict[str, list[tuple[str, int]]]
+
+COOPERATIVE: dict[str, tuple[list[Member], Owned, dict[str, dict[str, list[int]]]]] = {
+    "everyone-keeps-what-they-read": (
+        [("a", {"t"}, None), ("b", {"t"}, None)],
+        {"a": [("t", 2), ("t", 3)], "b": [("t", 0), ("t", 1)]},
+        {"a": {"t": [2, 3]}, "b": {"t": [0, 1]}},
+    ),
+    "a-dead-members-partitions-go-to-the-others-at-once": (
+        [("a", {"t"}, None), ("b", {"t"}, None)],
+        {"a": [("t", 0)], "b": [("t", 1)]},  # c, which read 2 and 3, is gone
+        {"a": {"t": [0, 2]}, "b": {"t": [1, 3]}},
+    ),
+    "a-newcomer-waits-for-a-partition-to-be-given-up": (
+        [("a", {"t"}, None), ("b", {"t"}, None)],
+        {"a": [("t", 0), ("t", 1), ("t", 2), ("t", 3)]},
+        {"a": {"t": [2, 3]}, "b": {}},  # 0 and 1 move to b next round, once a let them go
+    ),
+    "a-partition-no-longer-wanted-by-its-reader-moves-in-two-rounds": (
+        [("a", {"t"}, {"t": {0}}), ("b", {"t"}, {"t": {1}})],
+        {"a": [("t", 0), ("t", 1)]},
+        {"a": {"t": [0]}, "b": {}},
+    ),
+    "two-claimants-the-first-keeps-it": (
+        [("a", {"t"}, None), ("b", {"t"}, None)],
+        {"a": [("t", 0)], "b": [("t", 0), ("t", 1)]},
+        {"a": {"t": [0, 2]}, "b": {"t": [1, 3]}},
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("members", "owned", "expected"), COOPERATIVE.values(), ids=COOPERATIVE.keys()
+)
+def test_cooperative_assign(
+    members: list[Member], owned: Owned, expected: dict[str, dict[str, list[int]]]
+) -> None:
+    assert assign(members, T4, owned) == expected
+
+
+def _held(result: dict[str, dict[str, list[int]]]) -> Owned:
+    return {m: [(t, p) for t, ps in by_topic.items() for p in ps] for m, by_topic in result.items()}
+
+
+@SETTINGS
+@given(members_st, existing_st, st.data())
+def test_cooperative_rounds_never_give_a_partition_to_two_members_and_settle(
+    members: list[Member], partitions_of: dict[str, set[int]], data: st.DataObject
+) -> None:
+    """From any holding (members may hold anything, even twice), each round gives a member
+    only what it holds or what nobody holds; within two rounds the result is what a fresh
+    eager assignment would guarantee: every wanted partition with one member that wants it."""
+    ids = [m for m, _, _ in members]
+    every = sorted((t, p) for t, ps in partitions_of.items() for p in ps)
+    owned: Owned = {
+        m: data.draw(st.lists(st.sampled_from(every), unique=True)) if every else [] for m in ids
+    }
+    for _round in range(3):
+        result = assign(members, partitions_of, owned)
+        held_before = {tp for tps in owned.values() for tp in tps}
+        for member_id, tps in _held(result).items():
+            for tp in tps:
+                assert tp in owned[member_id] or tp not in held_before, (
+                    f"{tp} given to {member_id} while another member still holds it"
+                )
+        owned = _held(result)
+    assert owned == _held(assign(members, partitions_of, owned)), "settled: no more moves"
+    wanted_fresh = assign(members, partitions_of)  # eager: the set of partitions it places
+    placed = sorted(tp for tps in _held(wanted_fresh).values() for tp in tps)
+    assert sorted(tp for tps in owned.values() for tp in tps) == placed
+
+
+@SETTINGS
+@given(st.integers(1, 6), st.sets(st.integers(0, 20), min_size=1), st.data())
+def test_cooperative_rounds_even_out_members_wanting_the_same(
+    count: int, partitions: set[int], data: st.DataObject
+) -> None:
+    members: list[Member] = [(f"m{i}", {"t"}, None) for i in range(count)]
+    ordered = sorted(partitions)
+    owned: Owned = {f"m{i}": [] for i in range(count)}
+    for p in data.draw(st.lists(st.sampled_from(ordered), unique=True)):
+        owned[f"m{data.draw(st.integers(0, count - 1))}"].append(("t", p))
+    for _round in range(2):
+        owned = _held(assign(members, {"t": partitions}, owned))
+    loads = [len(tps) for tps in owned.values()]
+    assert sum(loads) == len(partitions)
+    assert max(loads) - min(loads) <= 1
+
+
+def test_cooperative_assignor_sends_what_it_owns_and_reads_it_back() -> None:
+    held = [SimpleNamespace(topic="t", partition=1), SimpleNamespace(topic="t", partition=2)]
+    a = LayoutAssignor(lambda: {"t": {0, 1, 2, 3}}, lambda: held)
+    b = LayoutAssignor(lambda: {"t": {0, 1, 2, 3}}, lambda: ())
+    assert a.supported_protocols() == [RebalanceProtocol.COOPERATIVE]
+    assert LayoutAssignor(lambda: {}).supported_protocols() == [RebalanceProtocol.EAGER]
+    meta_a = ConsumerProtocolSubscription.decode(a.metadata({"t"}).encode())
+    meta_b = ConsumerProtocolSubscription.decode(b.metadata({"t"}).encode())
+    assert decode_declared(meta_a.user_data) == {"t": {0, 1, 2, 3}}
+    result = a.assign(Cluster({"t": {0, 1, 2, 3}}), [member("a", meta_a), member("b", meta_b)])
+    assert {m: dict(x.assigned_partitions) for m, x in result.items()} == {
+        "a": {"t": [1, 2]},
+        "b": {"t": [0, 3]},
     }

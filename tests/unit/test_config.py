@@ -166,6 +166,7 @@ BAD_CONSUMER = [
     *[("poll_timeout_ms", v) for v in (0, False, 100.0)],
     *[("keepalive_fraction", v) for v in (0.049, 0.51, 0, 1, math.nan, True, "0.3", None)],
     *[("group_id", v) for v in ("", 5, b"group")],
+    *[("rebalance", v) for v in ("", "Eager", "sticky", None, True)],
 ]
 
 
@@ -186,6 +187,7 @@ BAD_TRACKER = [
     *[("marker_topic", v) for v in BAD_TOPICS],
     ("group_id", ""),
     ("group_id", None),
+    *[("rebalance", v) for v in ("", "EAGER", None)],
     *[("default_redelivery_timeout_s", v) for v in BAD_SECONDS],
     ("default_redelivery_timeout_s", MAX_REDELIVERY_TIMEOUT_S * 2),
     *[("commit_interval_s", v) for v in (*BAD_SECONDS, 3601)],
