@@ -76,6 +76,9 @@ class FollowConfig:
     html: bool = True
     prometheus: Path | None = None
     """Also write Prometheus metrics (text format) to this file."""
+    max_restarts: int = 5
+    """Failures of the streaming query in a row (no batch completed in between) that are
+    met by starting it again from its checkpoint; one more stops the follow job."""
     kafka: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -298,10 +301,35 @@ def run_follow(
     say: Callable[[str], None] = print,
     stop: threading.Event | None = None,
 ) -> None:
-    """Run until ``stop`` is set (or the query fails), refreshing the outputs every trigger."""
+    """Run until ``stop`` is set, refreshing the outputs every trigger. A query that fails is
+    started again from its checkpoint (nothing is counted twice: a batch already applied is
+    skipped), after 1, 2, 4... s; :class:`FollowError` after ``config.max_restarts``
+    failures in a row without a batch completing in between."""
     stop = stop or threading.Event()
     follower = Follower(config, say)
-    query = (
+    failures = 0
+    while True:
+        applied = follower.state.batch_id
+        query = _start_query(spark, config, follower)
+        say(f"following {config.queue_topic} and {config.marker_topic}; writing {config.output}")
+        try:
+            failure = _watch(query, follower, stop, config.trigger_s)
+        finally:
+            query.stop()
+        if failure is None:
+            return
+        failures = 1 if follower.state.batch_id != applied else failures + 1
+        if failures > config.max_restarts:
+            raise FollowError(f"the streaming query stopped: {failure}")
+        backoff_s = min(30.0, 2.0 ** (failures - 1))
+        say(f"the streaming query stopped ({failure}); starting it again from its checkpoint "
+            f"in {backoff_s:g} s ({failures} of {config.max_restarts} in a row)")  # fmt: skip
+        if stop.wait(backoff_s):
+            return
+
+
+def _start_query(spark: SparkSession, config: FollowConfig, follower: Follower) -> Any:
+    return (
         event_stream(spark, config)
         .writeStream.foreachBatch(follower.on_batch)
         .option("checkpointLocation", str(config.checkpoint_dir / "spark"))
@@ -309,12 +337,13 @@ def run_follow(
         .queryName(f"kmq-audit-follow-{config.marker_topic}")
         .start()
     )
-    say(f"following {config.queue_topic} and {config.marker_topic}; writing {config.output}")
-    try:
-        while not stop.wait(min(1.0, config.trigger_s)):
-            failure = query.exception()
-            if failure is not None or not query.isActive:
-                raise FollowError(f"the streaming query stopped: {failure}")
-            follower.refresh()
-    finally:
-        query.stop()
+
+
+def _watch(query: Any, follower: Follower, stop: threading.Event, trigger_s: float) -> str | None:
+    """Refresh the outputs until ``stop`` (None) or the query stops (why, as text)."""
+    while not stop.wait(min(1.0, trigger_s)):
+        failure = query.exception()
+        if failure is not None or not query.isActive:
+            return str(failure) if failure is not None else "it is no longer active"
+        follower.refresh()
+    return None

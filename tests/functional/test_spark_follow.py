@@ -34,14 +34,17 @@ def _summary(out: Path) -> dict[str, Any]:
         return {}
 
 
-def _until(out: Path, ok: Callable[[dict[str, Any]], bool], timeout_s: float,
-           what: str) -> dict[str, Any]:  # fmt: skip
-    """Poll summary.json until ``ok`` holds; on time-out, show the last one."""
+def _until(out: Path, ok: Callable[[dict[str, Any]], bool], timeout_s: float, what: str,
+           failure: list[BaseException]) -> dict[str, Any]:  # fmt: skip
+    """Poll summary.json until ``ok`` holds; on time-out, show the last one. Fails at once
+    when the follow job has stopped with an error."""
     deadline = time.monotonic() + timeout_s
     while True:
         summary = _summary(out)
         if summary and ok(summary):
             return summary
+        if failure:
+            raise AssertionError(f"the follow job failed while waiting for {what}") from failure[0]
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}: {summary}")
         time.sleep(0.2)
@@ -120,7 +123,7 @@ def test_follow_flags_a_killed_workers_message_until_its_copy_is_acked(
         summary = _until(
             out, lambda s: _stuck(s).get(held) == "in_flight_too_long"
             and _stuck(s).get(idle) == "never_started",
-            120, "the killed worker's message and the idle one flagged stuck",
+            120, "the killed worker's message and the idle one flagged stuck", failure,
         )  # fmt: skip
         assert not failure, failure
         assert set(_stuck(summary)) == {held, idle}, summary["stuck"]
@@ -138,7 +141,7 @@ def test_follow_flags_a_killed_workers_message_until_its_copy_is_acked(
             children.python("w2", *worker_argv(broker, topics, "jobs", "w2"))
             summary = _until(
                 out, lambda s: held not in _stuck(s) and s["window"]["jobs"]["acked"] == 3,
-                90, "the redelivered copy acked and the flag cleared",
+                90, "the redelivered copy acked and the flag cleared", failure,
             )  # fmt: skip
         finally:
             running.stop()
@@ -150,7 +153,7 @@ def test_follow_flags_a_killed_workers_message_until_its_copy_is_acked(
         # Bad records were counted, and settled messages leave the state.
         summary = _until(
             out, lambda s: s["bad_input"].get("orphan_end") == 1 and s["state"]["messages"] == 1,
-            60, "the orphaned END counted and the settled messages evicted",
+            60, "the orphaned END counted and the settled messages evicted", failure,
         )  # fmt: skip
         assert summary["bad_input"]["undecodable"] == 1
         assert summary["bad_input"]["unknown_version"] == 1
