@@ -320,9 +320,9 @@ class Consumer:
 
     @property
     def partitions_given_up(self) -> int:
-        """Queue-topic partitions this consumer has given up at rebalances (revoked or lost)
-        since it started. With cooperative rebalancing only those that moved to another
-        member count; eager rebalancing gives up every partition at every rebalance."""
+        """Queue-topic partitions this consumer has given up (revoked or lost) since it
+        started, at rebalances and when it closes. With cooperative rebalancing a rebalance
+        gives up only what moves to another member; eager gives up every partition."""
         return self._given_up.count
 
     def assignment(self) -> frozenset[int]:
