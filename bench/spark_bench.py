@@ -28,7 +28,7 @@ from kafka import KafkaProducer, TopicPartition
 
 from kmq.config import ServiceConfig
 from kmq.dev.embedded import EmbeddedBroker
-from kmq.markers import Marker, MarkerType, encode
+from kmq.markers import Marker, MarkerType, encode, parse
 from kmq.records import dead_letter_headers, parse_queue_headers, queue_headers
 from kmq.spark.kafka_io import open_consumer, partition_bounds
 from kmq.topics import ensure_topics
@@ -189,9 +189,7 @@ def load(bootstrap: str, n: int) -> float:
 
 def baseline_read(bootstrap: str, topic: str, kind: str) -> tuple[int, float]:
     """A single kafka-python loop reading the whole topic, decoding what the DataSource
-    decodes per row (kmq headers, or the protobuf marker)."""
-    from kmq._proto import marker_pb2
-
+    decodes per row (kmq headers, or the marker: version 2, or version 1's protobuf)."""
     bounds = partition_bounds(bootstrap, topic)
     consumer = open_consumer(bootstrap, {})
     tps = [TopicPartition(topic, p) for p in bounds]
@@ -210,7 +208,7 @@ def baseline_read(bootstrap: str, topic: str, kind: str) -> tuple[int, float]:
                 if kind == "queue":
                     parse_queue_headers(record.headers)
                 else:
-                    marker_pb2.Marker().ParseFromString(record.value)
+                    parse(record.value)
             if consumer.position(tp) >= bounds[tp.partition][1]:
                 remaining.discard(tp)
                 consumer.pause(tp)

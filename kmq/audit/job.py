@@ -45,7 +45,9 @@ class AuditConfig:
     """Where the tracker writes redelivered copies (default ``<queue_topic>.retry``)."""
     queues: tuple[str, ...] = ()
     """Only these logical queues (all when empty)."""
-    max_records_per_split: int = 100_000
+    max_records_per_split: int = 1_000_000
+    """Offsets per Spark task: each task costs a Python worker's setup and a Kafka
+    connection, so a partition becomes several tasks only when it is large."""
     samples: int = 20
     """How many of the oldest unsettled messages of each status the summary lists."""
     top_reasons: int = 20

@@ -55,7 +55,7 @@ def _spark_security(security: KafkaSecurity) -> dict[str, str]:
 )
 @click.option("--samples", type=click.IntRange(0, 10_000), default=20,
               help="List this many of the oldest unsettled messages per status.")  # fmt: skip
-@click.option("--max-records-per-split", type=click.IntRange(1000), default=100_000)
+@click.option("--max-records-per-split", type=click.IntRange(1000), default=1_000_000)
 @click.option("--no-html", is_flag=True, help="Write summary.json only.")
 @click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE", help="Spark setting.")
 @click.option("--kafka", "kafkas", multiple=True, metavar="KEY=VALUE",

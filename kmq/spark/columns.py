@@ -91,7 +91,9 @@ def _kmq_headers(
 ) -> tuple[str, int, Sequence[tuple[str, bytes]]]:
     """(message id, attempt, user headers) of a queue record (its headers, partition and
     offset), as kmq consumers see it."""
-    # Fast path: the layout kmq writes, id and attempt first.
+    # Fast paths: the layouts kmq writes, the id alone (attempt 1), or id and attempt first.
+    if len(h) == 1 and h[0][0] == ID_HEADER and h[0][1]:
+        return h[0][1].decode("utf-8", "replace"), 1, ()
     if len(h) >= 2 and h[0][0] == ID_HEADER and h[1][0] == ATTEMPT_HEADER and h[0][1]:
         raw = h[1][1]
         if raw and raw.isdigit() and raw[0] != 48:  # b"0..." would need max(1, ...)

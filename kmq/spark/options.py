@@ -112,7 +112,7 @@ class ReadOptions:
     topic: str
     queue: str | None = None
     """Only this logical queue's records (queue kind) or markers (markers kind)."""
-    max_records_per_split: int = 100_000
+    max_records_per_split: int = 1_000_000
     start_offsets: dict[int, int] | None = None
     end_offsets: dict[int, int] | None = None
     """Read up to these offsets instead of the high watermarks seen at planning time."""
@@ -136,7 +136,7 @@ class ReadOptions:
             bootstrap_servers=_bootstrap(options),
             topic=topic,
             queue=queue,
-            max_records_per_split=_int(options, "max_records_per_split", 100_000),
+            max_records_per_split=_int(options, "max_records_per_split", 1_000_000),
             start_offsets=parse_offsets(_get(options, "start_offsets"), "start_offsets"),
             end_offsets=parse_offsets(_get(options, "end_offsets"), "end_offsets"),
             batch_rows=_int(options, "batch_rows", 20_000),

@@ -44,7 +44,14 @@ def get_session(
         if master.startswith("local"):
             os.environ["PYSPARK_PYTHON"] = sys.executable
             os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-            settings.update({"spark.ui.enabled": "false", "spark.driver.memory": "2g"})
+            settings.update(
+                {
+                    "spark.ui.enabled": "false",
+                    "spark.driver.memory": "2g",
+                    # Workers forked with kmq's reader imported (see kmq.spark.daemon).
+                    "spark.python.daemon.module": "kmq.spark.daemon",
+                }
+            )
     settings.update(conf or {})
     for key, value in settings.items():
         builder = builder.config(key, value)

@@ -20,7 +20,7 @@ def test_read_options_defaults_follow_the_kind() -> None:
     markers = ReadOptions.parse({**BS, "KIND": "Markers"})
     assert (queue.kind, queue.topic) == ("queue", "kmq.queue")
     assert (markers.kind, markers.topic) == ("markers", "kmq.markers")
-    assert queue.max_records_per_split == 100_000 and queue.end_offsets is None
+    assert queue.max_records_per_split == 1_000_000 and queue.end_offsets is None
 
 
 def test_read_options_parse_every_setting() -> None:
