@@ -178,26 +178,51 @@ def _decode_v2(batch: Any, lo: int, hi: int, run: RecordRun) -> None:
     add_offset, add_ts = run.offsets.append, run.timestamps.append
     add_key, add_value = run.keys.append, run.values.append
     add_headers = run.headers.append if run.headers is not None else None
+    # Varints inline when they take one byte (zigzag: (b >> 1) ^ -(b & 1)), the common case.
     try:
         for _ in range(batch.records_count):
             length, pos = varint(buf, pos)
             end = pos + length
-            pos += 1  # attributes (int8, unused)
-            ts_delta, pos = varint(buf, pos)
-            offset_delta, pos = varint(buf, pos)
-            size, pos = varint(buf, pos)
+            b = buf[pos + 1]  # after the attributes (int8, unused)
+            if b < 128:
+                ts_delta = (b >> 1) ^ -(b & 1)
+                pos += 2
+            else:
+                ts_delta, pos = varint(buf, pos + 1)
+            b = buf[pos]
+            if b < 128:
+                offset_delta = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                offset_delta, pos = varint(buf, pos)
+            b = buf[pos]
+            if b < 128:
+                size = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                size, pos = varint(buf, pos)
             if size >= 0:
                 key: bytes | None = buf[pos : pos + size]
                 pos += size
             else:
                 key = None
-            size, pos = varint(buf, pos)
+            b = buf[pos]
+            if b < 128:
+                size = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                size, pos = varint(buf, pos)
             if size >= 0:
                 value: bytes | None = buf[pos : pos + size]
                 pos += size
             else:
                 value = None
-            count, pos = varint(buf, pos)
+            count = buf[pos]
+            if count < 128:
+                count = (count >> 1) ^ -(count & 1)
+                pos += 1
+            else:
+                count, pos = varint(buf, pos)
             if count < 0:
                 raise CorruptRecordError(f"Found invalid number of record headers {count}")
             headers: list[tuple[str, bytes | None]] = []
