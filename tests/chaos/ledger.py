@@ -29,8 +29,10 @@ What :func:`check` establishes:
   settling it; nobody had taken it and a SIGKILLed worker wrote its START (buffered, never
   handed out); a network fault overlapped the last lease before it (``fault.start <=
   redelivered_at`` and ``fault.end >= redelivered_at - lease - grace``). A second
-  REDELIVERED for the same delivery needs a tracker kill or a fault since the first. Must be
-  empty.
+  REDELIVERED for the same delivery needs a tracker kill or a fault since the first
+  (``repeat``), or, for a nack's, a worker that took that delivery again after the first and
+  nacked it (``renacked``: its first reader's offset commit never landed, so the partition's
+  next owner read the record again, an at-least-once duplicate). Must be empty.
 - **overload**: a lease-expiry redelivery with none of those causes whose holders were alive
   is blamed on CPU starvation: ``holder_silent`` when the holder wrote nothing of it (START,
   KEEPALIVE, END, NACK) for a whole lease at some point before the redelivery (its lease ran
@@ -508,6 +510,11 @@ def _check_redeliveries(
                 previous, at
             ):
                 report.causes["repeat"] += 1
+            elif marker.reason == NACK_REASON and _renacked(events, previous, at):
+                # The record was read again after the first redelivery (its first reader's
+                # offset commit never landed, so the partition's next owner re-read it: an
+                # at-least-once duplicate), and that duplicate delivery was nacked.
+                report.causes["renacked"] += 1
             else:
                 report.causes["unexplained"] += 1
                 report.unexplained.append(
@@ -570,6 +577,14 @@ def _check_redeliveries(
                         f"attempt {marker.attempt} taken {min(after) - at:.1f} s after that",
                     )
                 )
+
+
+def _renacked(events: list[WorkerEvent], previous: float, at: float) -> bool:
+    """A worker took the delivery again after its first redelivery and nacked it."""
+    took = [e.t for e in events if e.kind == "took" and previous <= e.t <= at]
+    return bool(took) and any(
+        e.kind in ("nacked", "nack_failed") and min(took) <= e.t <= at for e in events
+    )
 
 
 def _crashed(inc: Incarnation) -> bool:

@@ -265,6 +265,26 @@ def test_second_redelivery_of_a_delivery_needs_a_tracker_kill_or_fault() -> None
     assert report.causes == {"nacked": 1, "repeat": 1}
 
 
+def test_a_second_redelivery_for_a_nacked_duplicate_of_the_record_is_explained() -> None:
+    # After the first redelivery the record was read again (its first reader's offset commit
+    # never landed), a duplicate START of the same delivery, and that delivery was nacked.
+    markers = [
+        marker(MarkerType.START, T0 + 1),
+        marker(MarkerType.NACK, T0 + 1.1),
+        marker(MarkerType.REDELIVERED, T0 + 1.2, attempt=2, reason=NACK_REASON),
+        marker(MarkerType.START, T0 + 25),
+        marker(MarkerType.NACK, T0 + 25.1),
+        marker(MarkerType.REDELIVERED, T0 + 30, attempt=2, reason=NACK_REASON),
+    ]
+    first = [event("took", "w0.1", T0 + 1), event("nacked", "w0.1", T0 + 1.1)]
+    again = [event("took", "w1.1", T0 + 25), event("nacked", "w1.1", T0 + 25.1)]
+    workers = [worker("w0.1", 0.0), worker("w1.1", 0.0)]
+    assert run_check(workers, first + again, markers).causes == {"nacked": 1, "renacked": 1}
+    # Taken again but acked, not nacked: nothing explains a second nack redelivery.
+    acked = [again[0], event("acked", "w1.1", T0 + 25.1)]
+    assert run_check(workers, first + acked, markers).causes == {"nacked": 1, "unexplained": 1}
+
+
 def test_redelivery_of_a_buffered_message_is_explained_by_the_kill_of_its_starter() -> None:
     # w0.1 STARTed it and died before handing it out; w1.1 re-read the record (its offset was
     # never committed) after the redelivery: w1.1 was not holding it when the lease ran out.
