@@ -120,8 +120,10 @@ def _py_spy(children: Children, target: Child, out: Path) -> subprocess.Popen[by
     exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(exe).exists():
         return None
-    argv = [exe, "record", "--pid", str(target.pid), "--rate", "200", "--format", "raw"]
-    argv += ["--threads", "--nonblocking", "-o", str(out)]
+    argv = [exe, "record", "--pid", str(target.pid), "--rate", "500", "--format", "raw"]
+    # --gil: only samples of the thread holding the GIL, i.e. Python code on a CPU, not
+    # threads waiting for it (those would show up as the lock call that let another run).
+    argv += ["--threads", "--nonblocking", "--gil", "-o", str(out)]
     log = open(children.ctx.work_dir / f"py-spy-{out.stem}.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     log.close()
@@ -214,6 +216,8 @@ def run_pipeline(ctx: Context, run: Run) -> JSON:
         }
         producer_args = {**common, **kmq_topics, "side": "kmq", "queues": queues}
     producer_args["rate"] = run.rate
+    if run.profile:
+        producer_args["start_delay_s"] = 1.0
     result: JSON = {
         "run": {
             **run.__dict__,
@@ -241,6 +245,11 @@ def run_pipeline(ctx: Context, run: Run) -> JSON:
                     out = ctx.work_dir / f"{run.profile}-tracker.txt"
                     spies.append(_py_spy(children, tracker, out))
             producer = children.worker(f"produce-{run.side}", "produce", producer_args)
+            if run.profile:
+                producer.wait_event("ready", 90)  # it waits start_delay_s for py-spy
+                spies.append(
+                    _py_spy(children, producer, ctx.work_dir / f"{run.profile}-producer.txt")
+                )
             produced = producer.wait_event("result", timeout_s)
             consumed = consumer.wait_event("result", timeout_s)
             if consumed["errors"]:
@@ -297,6 +306,7 @@ def run_pipeline(ctx: Context, run: Run) -> JSON:
             for p in (
                 ctx.work_dir / f"{run.profile}.txt",
                 ctx.work_dir / f"{run.profile}-tracker.txt",
+                ctx.work_dir / f"{run.profile}-producer.txt",
             )
             if p.exists()
         ]

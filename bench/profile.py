@@ -83,7 +83,8 @@ def summarize_stacks(path: Path, top: int = 15) -> JSON:
 
 def run(ctx: Context) -> JSON:
     count = 15_000 if ctx.quick else 40_000
-    results: JSON = {"settings": {"sampler": "py-spy record --rate 200 --nonblocking --threads"}}
+    sampler = "py-spy record --rate 500 --nonblocking --threads --gil"
+    results: JSON = {"settings": {"sampler": sampler}}
     for side in ("kmq", "raw"):
         stem = f"profile-{side}"
         ctx.say(f"profile: {side} e2e, 1 queue, {count:,} messages, py-spy on the consumer")
@@ -94,7 +95,9 @@ def run(ctx: Context) -> JSON:
         }
         for file in result.get("profiles", []):
             path = Path(file)
-            role = "tracker" if path.stem.endswith("-tracker") else "consumer"
+            role = next(
+                (r for r in ("tracker", "producer") if path.stem.endswith(f"-{r}")), "consumer"
+            )
             results[side][role] = summarize_stacks(path)
     return results
 

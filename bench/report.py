@@ -467,7 +467,11 @@ def _producer(section: JSON) -> list[str]:
 
 def _profile(section: JSON) -> list[str]:
     lines = ["## Profile (py-spy, 1 queue, unpaced)", ""]
-    for side, role in (("kmq", "consumer"), ("kmq", "tracker"), ("raw", "consumer")):
+    roles = (
+        ("kmq", "consumer"), ("kmq", "tracker"), ("kmq", "producer"),
+        ("raw", "consumer"), ("raw", "producer"),
+    )  # fmt: skip
+    for side, role in roles:
         data = section.get(side, {}).get(role)
         if not data:
             continue

@@ -126,6 +126,7 @@ def role_produce(a: JSON) -> None:
             svc.close(timeout_s=10)
 
     emit("ready")
+    time.sleep(a.get("start_delay_s", 0.0))  # a profiler attaching meanwhile
     cpu0 = time.process_time()
     first = time.monotonic()
     for i in range(count):
