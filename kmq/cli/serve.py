@@ -148,6 +148,14 @@ def _text(path: str | None, env: str) -> str | None:
     default=10_000,
 )
 @click.option(
+    "--request-timeout-ms",
+    envvar="KMQ_REQUEST_TIMEOUT_MS",
+    show_envvar=True,
+    type=int,
+    default=30_000,
+    help="Kafka request timeout, and how long one attempt to reach Kafka may take.",
+)
+@click.option(
     "--max-message-bytes",
     envvar="KMQ_MAX_MESSAGE_BYTES",
     show_envvar=True,
@@ -208,6 +216,7 @@ def serve(
     max_attempts: int,
     threads: int,
     session_timeout_ms: int,
+    request_timeout_ms: int,
     max_message_bytes: int,
     public_url: str | None,
     region: str,
@@ -268,6 +277,7 @@ def serve(
             control_topic=control_topic,
             redelivery_timeout_s=redelivery_timeout_s,
             session_timeout_ms=session_timeout_ms,
+            request_timeout_ms=request_timeout_ms,
             max_message_bytes=max_message_bytes,
             client_id="kmq-proxy",
             security=security,
