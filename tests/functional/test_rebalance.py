@@ -3,41 +3,19 @@ replica joining or leaving the trackers' group, does not stop the members alread
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
-
-import pytest
-
 import kmq
-from tests.functional.conftest import Broker, RunningTracker
+from tests.functional.conftest import RunningTracker
 from tests.functional.helpers import wait_until
 from tracker.config import TrackerConfig
 
-PARTITIONS = 4
-MARKER_PARTITIONS = 2  # the topics fixture's
+PARTITIONS = 2  # the topics fixture's queue and markers topics; a queue's window is both
 EVERY = frozenset(range(PARTITIONS))
 
 
-@pytest.fixture
-def svc(broker: Broker) -> Iterator[kmq.Service]:
-    tag = uuid.uuid4().hex[:10]
-    service = kmq.Service(
-        bootstrap_servers=broker.bootstrap_servers,
-        queue_topic=f"rb{tag}.queue",
-        marker_topic=f"rb{tag}.markers",
-        control_topic=f"rb{tag}.control",
-        queue_partitions=PARTITIONS,
-        queue_spread=PARTITIONS,
-        marker_partitions=2,
-        redelivery_timeout_s=1.0,
-        session_timeout_ms=broker.session_timeout_ms,
-    )
-    yield service
-    service.close()
-
-
-def test_a_member_joining_and_leaving_does_not_stop_the_one_reading(svc: kmq.Service) -> None:
-    queue = svc.queue("jobs")
+def test_a_member_joining_and_leaving_does_not_stop_the_one_reading(
+    service: kmq.Service,
+) -> None:
+    queue = service.queue("jobs")
     first = queue.consumer()
     try:
         wait_until(lambda: first.assignment() == EVERY, 30, "the first member to own everything")
@@ -45,9 +23,11 @@ def test_a_member_joining_and_leaving_does_not_stop_the_one_reading(svc: kmq.Ser
         second = queue.consumer()
         try:
             wait_until(
-                lambda: second.assignment()
-                and first.assignment() | second.assignment() == EVERY
-                and not first.assignment() & second.assignment(),
+                lambda: (
+                    second.assignment()
+                    and first.assignment() | second.assignment() == EVERY
+                    and not first.assignment() & second.assignment()
+                ),
                 30,
                 "the partitions to be shared between both members",
             )
@@ -68,19 +48,21 @@ def test_a_tracker_replica_joining_and_leaving_moves_only_what_it_must(
 ) -> None:
     first = RunningTracker(tracker_config)
     try:
-        everything = list(range(MARKER_PARTITIONS))
+        everything = list(range(PARTITIONS))
         wait_until(lambda: first.tracker.partitions() == everything, 30, "one replica owning all")
         second = RunningTracker(tracker_config)
         try:
             wait_until(
-                lambda: second.tracker.partitions()
-                and sorted(first.tracker.partitions() + second.tracker.partitions())
-                == everything,
+                lambda: (
+                    second.tracker.partitions()
+                    and sorted(first.tracker.partitions() + second.tracker.partitions())
+                    == everything
+                ),
                 30,
                 "the markers partitions to be shared between both replicas",
             )
             moved = len(second.tracker.partitions())
-            assert first.tracker.stats()["partitions_revoked"] == moved < MARKER_PARTITIONS
+            assert first.tracker.stats()["partitions_revoked"] == moved < PARTITIONS
         finally:
             second.stop()
         wait_until(lambda: first.tracker.partitions() == everything, 30, "all back to the first")
