@@ -9,7 +9,7 @@ from types import FrameType
 import click
 
 from kmq import logs
-from kmq.cli.options import security_options
+from kmq.cli.options import security_options, timeout_options
 from kmq.errors import KmqError
 from kmq.kafka_clients import KafkaSecurity
 from tracker.config import TrackerConfig
@@ -51,13 +51,7 @@ from tracker.config import TrackerConfig
     default=30.0,
     help="Lease for markers whose own is missing or absurd.",
 )
-@click.option(
-    "--session-timeout-ms",
-    envvar="KMQ_SESSION_TIMEOUT_MS",
-    show_envvar=True,
-    type=int,
-    default=10_000,
-)
+@timeout_options
 @click.option(
     "--rebalance",
     envvar="KMQ_REBALANCE",
@@ -87,14 +81,6 @@ from tracker.config import TrackerConfig
     default=None,
     hidden=True,
     help="Accepted for kmq 0.1 deployments and ignored: every round is a transaction now.",
-)
-@click.option(
-    "--request-timeout-ms",
-    envvar="KMQ_REQUEST_TIMEOUT_MS",
-    show_envvar=True,
-    type=int,
-    default=30_000,
-    help="Kafka request timeout, and how long one attempt to reach Kafka may take.",
 )
 @click.option(
     "--metrics-port",

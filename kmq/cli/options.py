@@ -164,3 +164,22 @@ def control_topic_option(func: F) -> F:
     return click.option(
         "--control-topic", envvar="KMQ_CONTROL_TOPIC", show_envvar=True, default="kmq.control"
     )(func)
+
+
+def timeout_options(func: F) -> F:
+    """--session-timeout-ms and --request-timeout-ms, as kmq-tracker and kmq serve take them."""
+    func = click.option(
+        "--request-timeout-ms",
+        envvar="KMQ_REQUEST_TIMEOUT_MS",
+        show_envvar=True,
+        type=int,
+        default=30_000,
+        help="Kafka request timeout, and how long one attempt to reach Kafka may take.",
+    )(func)
+    return click.option(
+        "--session-timeout-ms",
+        envvar="KMQ_SESSION_TIMEOUT_MS",
+        show_envvar=True,
+        type=int,
+        default=10_000,
+    )(func)

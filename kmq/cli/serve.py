@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from kmq.cli.options import connection_options, control_topic_option
+from kmq.cli.options import connection_options, control_topic_option, timeout_options
 from kmq.kafka_clients import KafkaSecurity
 
 
@@ -140,21 +140,7 @@ def _text(path: str | None, env: str) -> str | None:
 @click.option(
     "--threads", type=click.IntRange(4), default=64, help="Threads for blocking Kafka calls."
 )
-@click.option(
-    "--session-timeout-ms",
-    envvar="KMQ_SESSION_TIMEOUT_MS",
-    show_envvar=True,
-    type=int,
-    default=10_000,
-)
-@click.option(
-    "--request-timeout-ms",
-    envvar="KMQ_REQUEST_TIMEOUT_MS",
-    show_envvar=True,
-    type=int,
-    default=30_000,
-    help="Kafka request timeout, and how long one attempt to reach Kafka may take.",
-)
+@timeout_options
 @click.option(
     "--max-message-bytes",
     envvar="KMQ_MAX_MESSAGE_BYTES",
