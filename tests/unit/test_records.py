@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -46,9 +48,27 @@ def test_kmq_headers_are_reserved_names() -> None:
 
 
 def test_new_message_ids_are_distinct_hex() -> None:
-    ids = {new_message_id() for _ in range(100)}
-    assert len(ids) == 100
+    ids = {new_message_id() for _ in range(1000)}  # several draws of ids ahead
+    assert len(ids) == 1000
     assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+
+
+def test_a_forked_child_never_hands_out_its_parents_ids() -> None:
+    new_message_id()  # the parent now holds ids drawn ahead
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(read_end)
+        os.write(write_end, "".join(new_message_id() for _ in range(300)).encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        text = pipe.read().decode()
+    os.waitpid(pid, 0)
+    child = {text[i : i + 32] for i in range(0, len(text), 32)}
+    parent = {new_message_id() for _ in range(300)}
+    assert len(child) == 300
+    assert not child & parent
 
 
 # -- headers ------------------------------------------------------------------------------------
