@@ -539,6 +539,16 @@ class Consumer:
                             self._unread(held)
                         self._wait_for_room(self._reserve, self.config.poll_timeout_ms / 1000)
                         continue
+                    if self._starting:
+                        # One batch at a time between its STARTs and their acknowledgement
+                        # (the previous one's offset commit may be in flight meanwhile):
+                        # records pile up in the fetch buffer, so the next poll takes more
+                        # of them at once, and a message costs a smaller share of a
+                        # batch's START records, offset commit and polls.
+                        self._advance()
+                        if self._starting:
+                            self._progress.wait(self.config.poll_timeout_ms / 1000)
+                        continue
                     records = self._whole(
                         self._kc.poll(
                             timeout_ms=self._poll_ms(
