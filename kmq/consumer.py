@@ -67,7 +67,12 @@ _DEAD_LETTERED = int(MarkerType.DEAD_LETTERED)
 _LAYOUT_CHECK_S = 1.0
 _JOIN_POLL_MS = 100
 _RETRY_POLL_S = 0.01
-"""How often the retry lane is polled while nothing comes from it."""
+"""How soon the retry lane is polled again after copies came from it."""
+_RETRY_POLL_MAX_S = 0.1
+"""How often it is polled at least: the wait doubles from ``_RETRY_POLL_S`` up to this while
+nothing comes. A poll costs kafka-python 3.0.12 about 0.4 ms of CPU even when it returns
+nothing (measured), and one every 10 ms per consumer was most of the consumer's CPU per
+message at 16 queues; a copy that comes after a quiet spell waits up to 0.1 s for it."""
 
 TP = TopicPartition
 CycleBatch = Batch[TopicPartition, Message]
@@ -96,6 +101,9 @@ class Consumer:
     ``max_in_flight`` messages are unsettled, so a slow application never costs the
     consumer its group membership.
     """
+
+    _retry_poll_s = _RETRY_POLL_S
+    """The wait before the retry lane's next poll (see ``_RETRY_POLL_MAX_S``)."""
 
     def __init__(self, queue: Queue, config: ConsumerConfig) -> None:
         svc = queue.service
@@ -527,9 +535,11 @@ class Consumer:
                             )
                         )
                         if copies:
+                            self._retry_poll_s = _RETRY_POLL_S
                             self._begin(copies)
                             continue
-                        self._next_retry_poll = now + _RETRY_POLL_S
+                        self._retry_poll_s = min(2 * self._retry_poll_s, _RETRY_POLL_MAX_S)
+                        self._next_retry_poll = now + self._retry_poll_s
                     if room <= self._reserve and not busy:
                         # The queue topic is paused: wait for the application to settle
                         # something, not in poll(). (The zero-timeout polls keep both group
