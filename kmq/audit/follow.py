@@ -286,11 +286,12 @@ class Follower:
             "state": self.state.size(),
         }
         c.output.mkdir(parents=True, exist_ok=True)
-        write_atomically(c.output / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
-        if c.html:
-            write_atomically(c.output / REPORT_FILE, render_html(summary, c.trigger_s))
+        # summary.json last: once it shows a refresh, the report and the metrics show it too.
         if c.prometheus is not None:
             write_atomically(c.prometheus, render_prometheus(summary))
+        if c.html:
+            write_atomically(c.output / REPORT_FILE, render_html(summary, c.trigger_s))
+        write_atomically(c.output / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
         self.summary = summary
         self.last_write = time.monotonic()
 

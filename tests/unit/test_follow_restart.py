@@ -112,3 +112,16 @@ def test_a_completed_batch_resets_the_count(
     started, _ = run(monkeypatch, tmp_path, queries, clock, max_restarts=1)
     assert started == queries, "three failures, but never two in a row without progress"
     assert [w for w in clock.waits if w >= 1.0] == [1.0, 1.0, 1.0]
+
+
+def test_summary_json_is_written_after_the_report_and_the_metrics(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A reader that sees a refresh in summary.json finds it in the other outputs too."""
+    written: list[str] = []
+    monkeypatch.setattr(follow, "write_atomically", lambda path, text: written.append(path.name))
+    config = FollowConfig(
+        bootstrap_servers="127.0.0.1:1", output=tmp_path, prometheus=tmp_path / "kmq.prom"
+    )
+    follow.Follower(config, lambda _: None).refresh()
+    assert written == ["kmq.prom", "report.html", "summary.json"]
