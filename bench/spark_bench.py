@@ -2,20 +2,28 @@
 time of ``kmq audit`` for 100k and 1M messages with their markers.
 
     .venv/bin/python -m bench.spark_bench [--sizes 100000,1000000] [--read-size N]
+    .venv/bin/python -m bench.spark_bench --serve 1000000      # load once, keep serving
+    .venv/bin/python -m bench.spark_bench --bootstrap-servers HOST:PORT --sizes 1000000
 
 Each size gets a fresh embedded broker loaded with a realistic mix (mostly acked at once;
-nacked, expired, dead-lettered, in flight and pending ones too). Prints a Markdown table
+nacked, expired, dead-lettered, in flight and pending ones too), or, with
+--bootstrap-servers, the broker a --serve run loaded with that many messages. Each audit
+records its wall time, the CPU seconds of the driver and everything it started (the JVM,
+Spark's Python workers), the peak RSS of the driver's JVM and Python processes, the load
+average, and (with --event-log) Spark's own time per job and stage. Prints Markdown tables
 and writes bench/results/spark.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
 import platform
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -233,6 +241,44 @@ def spark_read(spark: Any, bootstrap: str, topic: str, kind: str) -> tuple[int, 
     return rows, elapsed
 
 
+def _status_kb(pid: int, field: str) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _tree_cpu_s(root: int) -> float:
+    """CPU seconds of ``root`` and its live descendants, with the children they reaped."""
+    children: dict[int, list[int]] = {}
+    ticks: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(name))
+        ticks[int(name)] = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += ticks.get(pid, 0)
+        todo += children.get(pid, [])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _jvm_pid(spark: Any) -> int:
+    pid: int = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    return pid
+
+
 def audit(spark: Any, bootstrap: str, out: Path) -> dict[str, Any]:
     from kmq.audit.job import AuditConfig, run_audit
 
@@ -242,9 +288,17 @@ def audit(spark: Any, bootstrap: str, out: Path) -> dict[str, Any]:
         queue_topic=QUEUE_TOPIC,
         marker_topic=MARKER_TOPIC,
     )
+    jvm = _jvm_pid(spark)
+    cpu_before = _tree_cpu_s(os.getpid())
     started = time.monotonic()
     summary = run_audit(spark, config, say=lambda line: print("   ", line, flush=True))
     summary["timing_s"]["wall"] = round(time.monotonic() - started, 3)
+    summary["resources"] = {
+        "cpu_s": round(_tree_cpu_s(os.getpid()) - cpu_before, 1),
+        # High-water marks since each process started (one JVM for every size of a run).
+        "driver_jvm_peak_rss_mb": _status_kb(jvm, "VmHWM") >> 10,
+        "driver_python_peak_rss_mb": _status_kb(os.getpid(), "VmHWM") >> 10,
+    }
     return summary
 
 
@@ -257,13 +311,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--repeats", type=int, default=2, help="read comparison: best of N")
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--serve",
+        type=int,
+        metavar="N",
+        help="load N messages into an embedded broker and keep serving them",
+    )
+    parser.add_argument(
+        "--bootstrap-servers",
+        help="a broker that --serve loaded with the (single) --sizes messages",
+    )
+    parser.add_argument("--event-log", type=Path,
+                        help="write Spark's event log here and add each job's stages")  # fmt: skip
+    parser.add_argument("--skip-read", action="store_true", help="no read comparison")
     args = parser.parse_args(argv)
+    if args.serve:
+        return serve(args.serve)
     sizes = [int(s) for s in args.sizes.split(",")]
-    read_size = args.read_size or max(sizes)
+    read_size = 0 if args.skip_read else args.read_size or max(sizes)
+    if args.bootstrap_servers and len(sizes) != 1:
+        parser.error("--bootstrap-servers takes one size: the one --serve loaded")
 
     from kmq.spark import get_session
 
-    spark = get_session(args.master, app_name="kmq-spark-bench")
+    conf: dict[str, str] = {}
+    if args.event_log:
+        args.event_log.mkdir(parents=True, exist_ok=True)
+        conf = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(args.event_log)}
+    spark = get_session(args.master, app_name="kmq-spark-bench", conf=conf)
     results: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "machine": {
@@ -277,13 +352,19 @@ def main(argv: list[str] | None = None) -> int:
         "runs": [],
     }
     for n in sizes:
-        with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp:
-            bs = broker.bootstrap_servers
-            print(f"== {n:,} messages: loading ...", flush=True)
-            load_s = load(bs, n)
-            run: dict[str, Any] = {"messages": n, "load_s": round(load_s, 1)}
+        with contextlib.ExitStack() as stack:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory())
+            run: dict[str, Any] = {"messages": n}
+            if args.bootstrap_servers:
+                bs = args.bootstrap_servers
+                run["load_s"] = None  # loaded by a --serve run
+            else:
+                bs = stack.enter_context(EmbeddedBroker()).bootstrap_servers
+                print(f"== {n:,} messages: loading ...", flush=True)
+                load_s = load(bs, n)
+                run["load_s"] = round(load_s, 1)
+                print(f"   loaded in {load_s:.1f} s", flush=True)
             run["loadavg_before"] = round(os.getloadavg()[0], 1)
-            print(f"   loaded in {load_s:.1f} s", flush=True)
             if n == read_size:
                 run["read"] = {}
                 for kind, topic in (("queue", QUEUE_TOPIC), ("markers", MARKER_TOPIC)):
@@ -312,15 +393,77 @@ def main(argv: list[str] | None = None) -> int:
                 "acked": overall["acked"],
                 "lost": overall["lost"],
                 "seconds": summary["timing_s"],
+                **summary["resources"],
             }
             run["loadavg_after"] = round(os.getloadavg()[0], 1)
             print(f"   audit: {run['audit']}", flush=True)
             results["runs"].append(run)
     spark.stop()
+    if args.event_log:
+        results["stages"] = stage_times(args.event_log)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(results, indent=2) + "\n")
     print(markdown(results))
     return 0
+
+
+def serve(n: int) -> int:
+    """Load ``n`` messages into an embedded broker and serve them until interrupted."""
+    with EmbeddedBroker() as broker:
+        print(f"bootstrap servers {broker.bootstrap_servers}", flush=True)
+        print(f"loaded {n:,} messages in {load(broker.bootstrap_servers, n):.1f} s", flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            return 0
+
+
+def stage_times(event_log: Path) -> list[dict[str, Any]]:
+    """Each Spark job of the run's event log: when it started, how long it took, and its
+    stages' wall time, task time, JVM CPU and GC time, and shuffle bytes."""
+    logs = sorted(event_log.glob("*/events_*"), key=lambda p: p.stat().st_mtime)
+    if not logs:
+        return []
+    raw = logs[-1].read_bytes()
+    if logs[-1].name.endswith(".zstd"):
+        raw = subprocess.run(["zstd", "-dc"], input=raw, capture_output=True, check=True).stdout
+    stages: dict[int, dict[str, Any]] = {}
+    jobs: dict[int, dict[str, Any]] = {}
+    for line in raw.decode().splitlines():
+        event = json.loads(line)
+        kind = event["Event"]
+        if kind == "SparkListenerStageCompleted":
+            info = event["Stage Info"]
+            acc = {a["Name"]: a.get("Value") for a in info.get("Accumulables", [])}
+
+            def metric(name: str, acc: dict[str, Any] = acc) -> int:
+                return int(acc.get(f"internal.metrics.{name}") or 0)
+
+            stages[info["Stage ID"]] = {
+                "stage": info["Stage ID"],
+                "name": info["Stage Name"].split(" at ")[0],
+                "tasks": info["Number of Tasks"],
+                "wall_s": round((info["Completion Time"] - info["Submission Time"]) / 1000, 2),
+                "task_s": round(metric("executorRunTime") / 1000, 2),
+                "jvm_cpu_s": round(metric("executorCpuTime") / 1e9, 2),
+                "gc_s": round(metric("jvmGCTime") / 1000, 2),
+                "shuffle_write_mb": round(metric("shuffle.write.bytesWritten") / 2**20, 1),
+            }
+        elif kind == "SparkListenerJobStart":
+            jobs[event["Job ID"]] = {"t0": event["Submission Time"], "stages": event["Stage IDs"]}
+        elif kind == "SparkListenerJobEnd":
+            jobs[event["Job ID"]]["t1"] = event["Completion Time"]
+    t0 = min((j["t0"] for j in jobs.values()), default=0)
+    return [
+        {
+            "job": job,
+            "start_s": round((j["t0"] - t0) / 1000, 2),
+            "wall_s": round((j.get("t1", j["t0"]) - j["t0"]) / 1000, 2),
+            "stages": [stages[s] for s in j["stages"] if s in stages],
+        }
+        for job, j in sorted(jobs.items())
+    ]
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -328,14 +471,16 @@ def markdown(results: dict[str, Any]) -> str:
         f"Spark {results['machine']['spark']}, master {results['machine']['master']}, "
         f"{results['machine']['nproc']} cores, {results['machine']['broker']}.",
         "",
-        "| messages | queue records | markers | load s | audit s (total) | load avg before/after |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| messages | queue records | markers | audit s | CPU s | driver JVM / Python peak "
+        "RSS MB | load avg before/after |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for run in results["runs"]:
         a = run["audit"]
         lines.append(
             f"| {run['messages']:,} | {a['queue_records']:,} | {a['markers']:,} | "
-            f"{run['load_s']} | {a['seconds']['total']} | "
+            f"{a['seconds']['total']} | {a.get('cpu_s')} | {a.get('driver_jvm_peak_rss_mb')} / "
+            f"{a.get('driver_python_peak_rss_mb')} | "
             f"{run['loadavg_before']} / {run['loadavg_after']} |"
         )
     for run in results["runs"]:
