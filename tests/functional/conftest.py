@@ -194,7 +194,9 @@ def kids() -> Iterator[Children]:
     children.cleanup()
 
 
-def tracker_argv(config: TrackerConfig) -> list[str]:
+def tracker_argv(config: TrackerConfig, metrics_port: int = 0) -> list[str]:
+    """A ``python -m tracker`` command line for ``config``; with ``metrics_port``, serving
+    /metrics and the probes there (what tests wait on, rather than log text)."""
     return [
         "-m", "tracker",
         "--bootstrap-servers", config.bootstrap_servers,
@@ -206,6 +208,7 @@ def tracker_argv(config: TrackerConfig) -> list[str]:
         "--session-timeout-ms", str(config.session_timeout_ms),
         "--commit-interval-s", str(config.commit_interval_s),
         "--stats-interval-s", "1",
+        "--metrics-port", str(metrics_port),
     ]  # fmt: skip
 
 

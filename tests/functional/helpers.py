@@ -12,6 +12,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -194,3 +196,40 @@ def read_markers(
                 queue, message_id = names.get(where, ("", ""))
                 out.append(NamedMarker(marker, queue, message_id))
     return out
+
+
+# -- a tracker's /metrics and probes ----------------------------------------------------
+
+_SAMPLE = re.compile(r'^(\w+)(?:\{(.*)\})? (\S+)$')
+
+
+def get(port: int, path: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except OSError:
+        return 0, b""  # not listening yet
+
+
+def scrape(port: int) -> dict[str, dict[frozenset[tuple[str, str]], float]]:
+    """``/metrics`` as {name: {labels: value}}."""
+    status, body = get(port, "/metrics")
+    assert status == 200, status
+    out: dict[str, dict[frozenset[tuple[str, str]], float]] = {}
+    for line in body.decode().splitlines():
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        name, labels, value = match.groups()
+        pairs = frozenset(re.findall(r'(\w+)="([^"]*)"', labels or ""))
+        out.setdefault(name, {})[pairs] = float(value)
+    return out
+
+
+def total(metrics: dict[str, dict[frozenset[tuple[str, str]], float]], name: str,
+          **labels: str) -> float:  # fmt: skip
+    """The sum over partitions of ``name``'s samples with ``labels``."""
+    want = set(labels.items())
+    return sum(v for k, v in metrics.get(name, {}).items() if want <= k)

@@ -17,11 +17,20 @@ from kafka.errors import KafkaTimeoutError
 
 import kmq
 import tracker.reread as tracker_reread
+from kmq.dev.embedded import free_port
 from kmq.markers import Marker, MarkerType, encode
 from kmq.markers_v1 import encode_v1
 from kmq.records import parse_queue_headers
 from tests.functional.conftest import Broker, RunningTracker, Topics, tracker_argv, worker_argv
-from tests.functional.helpers import Child, Children, read_markers, wait_until
+from tests.functional.helpers import (
+    Child,
+    Children,
+    get,
+    read_markers,
+    scrape,
+    total,
+    wait_until,
+)
 from tracker.config import TrackerConfig
 from tracker.daemon import Tracker
 
@@ -83,6 +92,26 @@ def assert_nacked_message_comes_back(q: kmq.Queue) -> None:
         again.ack()
 
 
+def ready(port: int) -> bool:
+    """The tracker serving probes on ``port`` is a settled member that has caught up."""
+    return get(port, "/readyz")[0] == 200
+
+
+def metric(port: int, name: str) -> float:
+    """``name`` summed over its samples; -1 while the tracker does not serve /metrics yet."""
+    if get(port, "/metrics")[0] != 200:
+        return -1.0
+    return total(scrape(port), name)
+
+
+def redeliveries(port: int) -> float:
+    return metric(port, "kmq_tracker_redeliveries_total")
+
+
+def partitions(port: int) -> float:
+    return metric(port, "kmq_tracker_partitions_assigned")
+
+
 def six_jobs_half_held(
     broker: Broker,
     topics: Topics,
@@ -90,19 +119,21 @@ def six_jobs_half_held(
     tracker_config: TrackerConfig,
     children: Children,
     hang_after: int,
-) -> tuple[set[str], Child, Child]:
-    """Six messages on queue "jobs", a tracker process that has caught up, and a worker that
-    acks the first ``hang_after`` and holds the rest without settling them."""
+) -> tuple[set[str], Child, Child, int]:
+    """Six messages on queue "jobs", a tracker process that has caught up (and serves its
+    metrics on the port returned), and a worker that acks the first ``hang_after`` and holds
+    the rest without settling them."""
     producer = service.queue("jobs").producer()
     sent = {producer.send(b"%d" % i) for i in range(6)}
-    tracker = children.python("tracker-1", *tracker_argv(tracker_config))
-    tracker.wait_for("caught up", 30)
+    port = free_port()
+    tracker = children.python("tracker-1", *tracker_argv(tracker_config, port))
+    wait_until(lambda: ready(port), 30, "tracker-1 to catch up")
     worker = children.python(
         "worker",
         *worker_argv(broker, topics, "jobs", "w1", max_in_flight=6, hang_after=hang_after),
     )
     worker.wait_for(r'"event": "holding"', 30, count=6 - hang_after)
-    return sent, tracker, worker
+    return sent, tracker, worker, port
 
 
 def test_tracker_restart_loses_nothing_and_redelivers_once(
@@ -113,17 +144,18 @@ def test_tracker_restart_loses_nothing_and_redelivers_once(
     children: Children,
 ) -> None:
     q = service.queue("jobs")
-    sent, t1, worker = six_jobs_half_held(broker, topics, service, tracker_config, children, 3)
+    sent, t1, worker, p1 = six_jobs_half_held(broker, topics, service, tracker_config, children, 3)
     os.kill(worker.pid, signal.SIGKILL)
     worker.proc.wait()
-    t1.wait_for(": redelivered ", 15, count=3)
+    wait_until(lambda: redeliveries(p1) >= 3, 15, "tracker-1 to redeliver three")
     os.kill(t1.pid, signal.SIGKILL)  # crash right after redelivering: no clean commit
     t1.proc.wait()
     acked = {e["id"] for e in worker.events() if e["event"] == "acked"}
     assert len(acked) == 3
 
-    t2 = children.python("tracker-2", *tracker_argv(tracker_config))
-    t2.wait_for("caught up", 30)
+    p2 = free_port()
+    t2 = children.python("tracker-2", *tracker_argv(tracker_config, p2))
+    wait_until(lambda: ready(p2), 30, "tracker-2 to catch up")
     attempts: Counter[str] = Counter()
     with q.consumer() as consumer:
         for msg in receive_all(consumer, 3, 20):
@@ -133,6 +165,7 @@ def test_tracker_restart_loses_nothing_and_redelivers_once(
         assert consumer.receive(timeout_s=3 * tracker_config.default_redelivery_timeout_s) is None
     assert set(attempts) == sent - acked
     assert set(attempts.values()) == {2}
+    assert redeliveries(p2) == 0
     t2.kill(signal.SIGTERM)
     assert t2.proc.returncode == 0
     assert not [line for line in t2.lines if ": redelivered " in line]
@@ -148,9 +181,12 @@ def test_surviving_tracker_takes_over_a_killed_replicas_partitions(
     tracker_config: TrackerConfig,
     children: Children,
 ) -> None:
-    replicas = [children.python(f"tracker-{i}", *tracker_argv(tracker_config)) for i in (1, 2)]
-    for replica in replicas:
-        replica.wait_for(r"assigned partitions \[\d", 30)
+    ports = [free_port(), free_port()]
+    replicas = [
+        children.python(f"tracker-{i}", *tracker_argv(tracker_config, port))
+        for i, port in enumerate(ports, 1)
+    ]
+    wait_until(lambda: all(partitions(port) >= 1 for port in ports), 30, "each replica to own one")
     q = service.queue("jobs")
     producer = q.producer()
     sent = {producer.send(b"%d" % i) for i in range(8)}
@@ -167,7 +203,7 @@ def test_surviving_tracker_takes_over_a_killed_replicas_partitions(
         assert {m.attempt for m in got} == {2}
         for msg in got:
             msg.ack()
-    replicas[1].wait_for(r"assigned partitions \[0, 1\]", 5)
+    wait_until(lambda: partitions(ports[1]) == 2, 5, "the survivor to own both partitions")
 
 
 def test_a_tracker_frozen_past_its_session_does_not_redeliver_on_waking(
@@ -181,14 +217,19 @@ def test_a_tracker_frozen_past_its_session_does_not_redeliver_on_waking(
     expired leases; on waking (SIGCONT) its state says they are all overdue, but it must not
     redeliver them a second time: the successor's claim of each markers partition fenced
     its redelivery transactions."""
-    sent, zombie, worker = six_jobs_half_held(broker, topics, service, tracker_config, children, 0)
-    zombie.wait_for(r"stats: .*\bstart=6\b", 10)  # it holds all six leases
+    sent, zombie, worker, port = six_jobs_half_held(
+        broker, topics, service, tracker_config, children, 0
+    )
+    wait_until(  # it holds all six leases
+        lambda: metric(port, "kmq_tracker_in_flight_messages") == 6, 10, "six in flight"
+    )
     os.kill(zombie.pid, signal.SIGSTOP)
     try:
         os.kill(worker.pid, signal.SIGKILL)
         worker.proc.wait()
-        successor = children.python("tracker-2", *tracker_argv(tracker_config))
-        successor.wait_for(": redelivered ", 30, count=6)
+        successor_port = free_port()
+        children.python("tracker-2", *tracker_argv(tracker_config, successor_port))
+        wait_until(lambda: redeliveries(successor_port) >= 6, 30, "the successor's redeliveries")
     finally:
         os.kill(zombie.pid, signal.SIGCONT)
     # Awake, it finds out it was replaced (fenced, or told by the group), rejoins and gets a
@@ -358,8 +399,7 @@ def test_a_re_read_cut_short_still_makes_progress(
     kp = KafkaProducer(bootstrap_servers=broker.bootstrap_servers)
     ids = [f"slow-scan-{i}" for i in range(3)]
     offsets = [
-        kp.send(**queue_record(topics.queue, "jobs", mid, b"payload")).get(10).offset
-        for mid in ids
+        kp.send(**queue_record(topics.queue, "jobs", mid, b"payload")).get(10).offset for mid in ids
     ]
     for offset in offsets:
         start = Marker(MarkerType.START, 0, offset, redeliver_after_ms=100)

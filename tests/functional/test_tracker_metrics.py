@@ -6,11 +6,8 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import signal
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -23,43 +20,9 @@ from kmq.dev.embedded import EmbeddedBroker, free_port
 from kmq.topics import ensure_topics
 from tests.chaos.proxy import FaultProxy
 from tests.functional.conftest import RunningTracker
-from tests.functional.helpers import Children, wait_until
+from tests.functional.helpers import Children, get, scrape, total, wait_until
 from tracker.config import TrackerConfig
 from tracker.daemon import Tracker
-
-_SAMPLE = re.compile(r'^(\w+)(?:\{(.*)\})? (\S+)$')
-
-
-def get(port: int, path: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-    except OSError:
-        return 0, b""  # not listening yet
-
-
-def scrape(port: int) -> dict[str, dict[frozenset[tuple[str, str]], float]]:
-    """``/metrics`` as {name: {labels: value}}."""
-    status, body = get(port, "/metrics")
-    assert status == 200, status
-    out: dict[str, dict[frozenset[tuple[str, str]], float]] = {}
-    for line in body.decode().splitlines():
-        match = _SAMPLE.match(line)
-        if match is None:
-            continue
-        name, labels, value = match.groups()
-        pairs = frozenset(re.findall(r'(\w+)="([^"]*)"', labels or ""))
-        out.setdefault(name, {})[pairs] = float(value)
-    return out
-
-
-def total(metrics: dict[str, dict[frozenset[tuple[str, str]], float]], name: str,
-          **labels: str) -> float:  # fmt: skip
-    """The sum over partitions of ``name``'s samples with ``labels``."""
-    want = set(labels.items())
-    return sum(v for k, v in metrics.get(name, {}).items() if want <= k)
 
 
 def receive_n(consumer: kmq.Consumer, n: int, timeout_s: float = 20) -> list[kmq.Message]:
