@@ -91,6 +91,7 @@ def run(ctx: Context) -> JSON:
         result = run_pipeline(ctx, Run(side=side, queues=1, count=count, profile=stem))
         results[side] = {
             "acked_per_s": result["acked_per_s"],
+            "cpu_us_per_msg": result["cpu_us_per_msg"],
             "files": result.get("profiles"),
         }
         for file in result.get("profiles", []):
