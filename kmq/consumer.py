@@ -727,7 +727,9 @@ class Consumer:
             if stop is None:
                 continue
             with contextlib.suppress(KafkaError):
-                if self._kc.position(tp, timeout_ms=0) >= stop:
+                position = self._kc.position(tp, timeout_ms=0)
+                # None: not known yet (just assigned, its committed offset still being read).
+                if position is not None and position >= stop:
                     log.info("queue %r: read partition %d up to its old-layout end %d",
                              self.queue, tp.partition, stop)  # fmt: skip
                     self._legacy_done.add(tp.partition)

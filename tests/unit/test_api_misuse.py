@@ -481,3 +481,35 @@ def test_a_poll_that_jumps_over_records_is_read_again() -> None:
     hole = consumer._whole({a: [Rec(17)]})  # 15 and 16 are transaction markers, say
     assert hole == {} and stub.seeks[-1] == (a, 15)
     assert [r.offset for r in consumer._whole({a: [Rec(17)]})[a]] == [17]
+
+
+class _Positions:
+    """The consumer's Kafka client, as far as the old-layout check goes."""
+
+    def __init__(self, positions: dict[int, int | None]) -> None:
+        self.positions = positions
+
+    def assignment(self) -> set[Any]:
+        from kafka import TopicPartition
+
+        return {TopicPartition("q.queue", p) for p in self.positions}
+
+    def position(self, tp: Any, timeout_ms: int | None = None) -> int | None:
+        return self.positions[tp.partition]
+
+
+def test_the_old_layout_check_waits_for_a_position_it_does_not_know_yet() -> None:
+    """A partition just assigned has no position until its committed offset is read
+    (kafka-python answers None with timeout_ms=0): not done yet, and no crash."""
+    from kmq.consumer import Consumer
+
+    consumer: Any = Consumer.__new__(Consumer)
+    consumer.queue = "q"
+    consumer._kc = _Positions({0: None, 1: 50, 2: 49})
+    consumer._legacy_done = set()
+    consumer._read = {0: 50, 1: 50, 2: 50}  # each read up to its old-layout end, offset 50
+    consumer._check_legacy()
+    assert consumer._legacy_done == {1}
+    consumer._kc.positions.update({0: 50, 2: 50})
+    consumer._check_legacy()
+    assert consumer._legacy_done == {0, 1, 2}
