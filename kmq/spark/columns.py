@@ -21,6 +21,7 @@ from kmq.markers import (
     HEADER_BYTES,
     KNOWN_TYPES,
     LANES,
+    MAX_ATTEMPT,
     PROTOCOL_VERSION,
     Entry,
     MarkerType,
@@ -88,9 +89,10 @@ def _ts(ts: int | None) -> int | None:
 
 def _kmq_headers(
     h: Any, partition: int, offset: int
-) -> tuple[str, int, Sequence[tuple[str, bytes]]]:
+) -> tuple[str, int | None, Sequence[tuple[str, bytes]]]:
     """(message id, attempt, user headers) of a queue record (its headers, partition and
-    offset), as kmq consumers see it."""
+    offset), as kmq consumers see it; an attempt past the int32 column is null, as in the
+    markers' columns."""
     # Fast paths: the layouts kmq writes, the id alone (attempt 1), or id and attempt first.
     if len(h) == 1 and h[0][0] == ID_HEADER and h[0][1]:
         return h[0][1].decode("utf-8", "replace"), 1, ()
@@ -99,9 +101,9 @@ def _kmq_headers(
         if raw and raw.isdigit() and raw[0] != 48:  # b"0..." would need max(1, ...)
             user = h[2:]
             if all(k != ID_HEADER and k != ATTEMPT_HEADER and v is not None for k, v in user):
-                return h[0][1].decode("utf-8", "replace"), int(raw), user
+                return h[0][1].decode("utf-8", "replace"), _int32(min(int(raw), MAX_ATTEMPT)), user
     message_id, attempt, parsed = parse_queue_headers(h)
-    return message_id or f"ext-{partition}-{offset}", attempt, parsed
+    return message_id or f"ext-{partition}-{offset}", _int32(attempt), parsed
 
 
 def _origin(user: Sequence[tuple[str, bytes]]) -> str | None:

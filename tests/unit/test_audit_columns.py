@@ -77,7 +77,10 @@ def test_queue_columns_filter_one_queue_and_build_only_the_asked_columns() -> No
 
 
 header_names = st.sampled_from(["kmq.id", "kmq.attempt", "kmq.dlq.origin", "u", ""])
-header_values = st.one_of(st.none(), st.sampled_from([b"", b"0", b"01", b"7", b"x", b"12"]))
+header_values = st.one_of(
+    st.none(),
+    st.sampled_from([b"", b"0", b"01", b"7", b"x", b"12", b"2147483648", b"99999999999"]),
+)
 
 
 @settings(deadline=None)
@@ -85,7 +88,14 @@ header_values = st.one_of(st.none(), st.sampled_from([b"", b"0", b"01", b"7", b"
 def test_fast_header_path_agrees_with_parse_queue_headers(headers: list[Any]) -> None:
     message_id, attempt, user = parse_queue_headers(headers)
     got_id, got_attempt, got_user = _kmq_headers(headers, 3, 9)
-    assert (got_id, got_attempt, list(got_user)) == (message_id or "ext-3-9", attempt, list(user))
+    as_column = attempt if attempt < 2**31 else None  # an int32 column: null past it
+    assert (got_id, got_attempt, list(got_user)) == (message_id or "ext-3-9", as_column, list(user))
+
+
+def test_an_attempt_past_the_int32_column_is_null_not_a_failed_read() -> None:
+    huge = [("kmq.id", b"m1"), ("kmq.attempt", b"99999999999")]
+    assert _kmq_headers(huge, 0, 1) == ("m1", None, [])
+    assert _kmq_headers([("kmq.id", b"m1"), ("kmq.attempt", b"2147483647")], 0, 1)[1] == 2**31 - 1
 
 
 def _marker_record(offset: int, value: bytes | None) -> Record:
