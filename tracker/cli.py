@@ -57,9 +57,9 @@ from tracker.config import TrackerConfig
     envvar="KMQ_REBALANCE",
     show_envvar=True,
     type=click.Choice(["cooperative", "eager"]),
-    default="cooperative",
-    help="cooperative: a replica joining or leaving moves only the partitions that must "
-    "move. eager: only to join replicas of an earlier kmq (they know only eager).",
+    default="eager",
+    help="eager: every replica gives up every partition at every rebalance. cooperative: "
+    "only what must move moves (not yet the default; see the README).",
 )
 @click.option(
     "--commit-interval-s", envvar="KMQ_COMMIT_INTERVAL_S", show_envvar=True, type=float, default=1.0

@@ -31,11 +31,11 @@ class TrackerConfig:
     default_redelivery_timeout_s: float = 30.0
     """Lease used for markers whose own is missing or absurd."""
     session_timeout_ms: int = 10_000
-    rebalance: str = COOPERATIVE
-    """``"cooperative"``: a replica joining, leaving or dying moves only the markers
-    partitions that must move, and the others go on tracking theirs. ``"eager"``: every
-    replica gives up (and later replays) every partition at every rebalance; needed only to
-    join a group of replicas of an earlier kmq, which know only eager rebalancing."""
+    rebalance: str = EAGER
+    """``"eager"``: every replica gives up (and later replays) every partition at every
+    rebalance. ``"cooperative"``: a replica joining, leaving or dying moves only the markers
+    partitions that must move. Not the default yet: a replica fenced on a partition that the
+    group then leaves with it does not take that partition up again (see the README)."""
     request_timeout_ms: int = 30_000
     commit_interval_s: float = 1.0
     poll_timeout_ms: int = 100

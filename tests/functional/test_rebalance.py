@@ -3,6 +3,8 @@ replica joining or leaving the trackers' group, does not stop the members alread
 
 from __future__ import annotations
 
+import dataclasses
+
 import kmq
 from tests.functional.conftest import RunningTracker
 from tests.functional.helpers import wait_until
@@ -46,6 +48,7 @@ def test_a_member_joining_and_leaving_does_not_stop_the_one_reading(
 def test_a_tracker_replica_joining_and_leaving_moves_only_what_it_must(
     tracker_config: TrackerConfig,
 ) -> None:
+    tracker_config = dataclasses.replace(tracker_config, rebalance="cooperative")
     first = RunningTracker(tracker_config)
     try:
         everything = list(range(PARTITIONS))
