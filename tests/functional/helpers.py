@@ -213,11 +213,19 @@ def get(port: int, path: str) -> tuple[int, bytes]:
         return 0, b""  # not listening yet
 
 
-def scrape(port: int) -> dict[str, dict[frozenset[tuple[str, str]], float]]:
+Metrics = dict[str, dict[frozenset[tuple[str, str]], float]]
+
+
+def scrape(port: int) -> Metrics:
     """``/metrics`` as {name: {labels: value}}."""
     status, body = get(port, "/metrics")
     assert status == 200, status
-    out: dict[str, dict[frozenset[tuple[str, str]], float]] = {}
+    return parse_metrics(body)
+
+
+def parse_metrics(body: bytes) -> Metrics:
+    """A Prometheus text exposition as {name: {labels: value}}."""
+    out: Metrics = {}
     for line in body.decode().splitlines():
         match = _SAMPLE.match(line)
         if match is None:
@@ -228,8 +236,7 @@ def scrape(port: int) -> dict[str, dict[frozenset[tuple[str, str]], float]]:
     return out
 
 
-def total(metrics: dict[str, dict[frozenset[tuple[str, str]], float]], name: str,
-          **labels: str) -> float:  # fmt: skip
+def total(metrics: Metrics, name: str, **labels: str) -> float:
     """The sum over partitions of ``name``'s samples with ``labels``."""
     want = set(labels.items())
     return sum(v for k, v in metrics.get(name, {}).items() if want <= k)

@@ -26,8 +26,8 @@ from tests.functional.helpers import (
     Child,
     Children,
     get,
+    parse_metrics,
     read_markers,
-    scrape,
     total,
     wait_until,
 )
@@ -99,9 +99,8 @@ def ready(port: int) -> bool:
 
 def metric(port: int, name: str) -> float:
     """``name`` summed over its samples; -1 while the tracker does not serve /metrics yet."""
-    if get(port, "/metrics")[0] != 200:
-        return -1.0
-    return total(scrape(port), name)
+    status, body = get(port, "/metrics")
+    return total(parse_metrics(body), name) if status == 200 else -1.0
 
 
 def redeliveries(port: int) -> float:
