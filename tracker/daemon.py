@@ -36,7 +36,7 @@ from kmq.layout import write_partitions
 from kmq.markers import QUEUE_LANE, RETRY_LANE, encode_entries
 from kmq.records import split_key
 from tracker.config import TrackerConfig
-from tracker.fencing import PartitionWriters
+from tracker.fencing import FenceWatch, PartitionWriters
 from tracker.health import BrokerLink, ProbeServer
 from tracker.redeliver import TXN_TIMEOUT_S, Copy, Redeliverer, RoundOutcome, copy_of
 from tracker.reread import RecordReader
@@ -83,6 +83,7 @@ class Tracker:
         self._last_turn = time.monotonic()
         self._writers = PartitionWriters(self._transactional_producer, config.group_id,
                                          config.marker_topic)  # fmt: skip
+        self._fence_watch = FenceWatch()
         self._topics = {QUEUE_LANE: config.queue_topic, RETRY_LANE: config.retry_topic}
         self._redeliverer = Redeliverer(
             config.queue_topic, config.retry_topic, config.marker_topic, self._partitions_of
@@ -306,6 +307,7 @@ class Tracker:
         self._rebalanced()
         records = self._kc.poll(timeout_ms=self.config.poll_timeout_ms, max_records=5000)
         self._rebalanced()
+        self._retake_fenced()
         now = time.monotonic()
         for tp, batch in records.items():
             state = self._states.get(tp.partition)
@@ -446,7 +448,8 @@ class Tracker:
 
     def _fenced(self, partition: int) -> None:
         """Another replica claimed the partition since this one did: this one is a zombie
-        for it (frozen past its session, most likely). Forget it; the group will tell."""
+        for it (frozen past its session, most likely). Drop it, and watch whether the group
+        gives it back (:meth:`_retake_fenced`)."""
         log.warning(
             "markers partition %d: fenced by a newer owner; dropping it without redelivering",
             partition,
@@ -458,6 +461,37 @@ class Tracker:
         self._writers.release(partition)
         self._committed.pop(partition, None)
         self._fresh.discard(partition)
+        self._fence_watch.fenced(partition, self._kc.group_metadata().generation_id)
+
+    def _retake_fenced(self) -> None:
+        """Take up again the fenced partitions the group has since given back to this
+        replica without saying so (see :class:`tracker.fencing.FenceWatch`)."""
+        if not self._fence_watch.watching():
+            return
+        meta = self._kc.group_metadata()
+        topic = self.config.marker_topic
+        assigned = {tp.partition for tp in self._kc.assignment() if tp.topic == topic}
+        back = self._fence_watch.retake(
+            assigned, meta.generation_id, meta.state == MemberState.STABLE
+        )
+        if not back:
+            return
+        log.warning(
+            "markers partitions %s: still this replica's in generation %d after a fence; "
+            "taking them up again",
+            back,
+            meta.generation_id,
+        )
+        self._retired["partitions_retaken"] += len(back)
+        self._on_assigned(back)
+        for partition in back:
+            # Its records were fetched and skipped while it was dropped: read them again.
+            tp = TopicPartition(topic, partition)
+            position = self._states[partition].position
+            if position is None:
+                self._kc.seek_to_beginning(tp)
+            else:
+                self._kc.seek(tp, position)
 
     def _partitions_of(self, topic: str, queue: str) -> tuple[int, ...]:
         """Where ``queue``'s records go on ``topic``: its layout there."""
@@ -570,6 +604,7 @@ class Tracker:
     def _on_assigned(self, assigned: list[int]) -> None:
         self._assignment_known = True
         for partition in assigned:
+            self._fence_watch.forget(partition)
             if partition in self._states:
                 continue
             state = self._states[partition] = PartitionState(

@@ -82,3 +82,48 @@ class PartitionWriters:
     def close(self, timeout_s: float = 5.0) -> None:
         for partition in list(self._producers):
             self.release(partition, timeout_s)
+
+
+class FenceWatch:
+    """The markers partitions this replica was fenced on, until the group settles them.
+
+    Another replica's claim fences this one (see :class:`PartitionWriters`), and this one
+    drops the partition. Usually the group then revokes it here too. But a claim can come
+    from an assignment the group has since undone (a replica that lost its session and
+    rejoined, say), and then the partition comes back to this replica; under cooperative
+    rebalancing a member is told nothing about a partition it keeps, so nobody would track
+    it again. :meth:`retake` names the partitions the group still gives this replica in a
+    generation later than the fence, seen on two rounds in a row (kafka-python marks the
+    member stable a moment before it applies the new assignment). Pure: no I/O.
+    """
+
+    def __init__(self) -> None:
+        self._fenced: dict[int, int] = {}  # partition -> generation when it was fenced
+        self._seen: dict[int, int] = {}  # partition -> a later generation, seen once
+
+    def fenced(self, partition: int, generation: int) -> None:
+        self._fenced[partition] = generation
+        self._seen.pop(partition, None)
+
+    def forget(self, partition: int) -> None:
+        """The group assigned the partition afresh (the listener said so)."""
+        self._fenced.pop(partition, None)
+        self._seen.pop(partition, None)
+
+    def watching(self) -> set[int]:
+        return set(self._fenced)
+
+    def retake(self, assigned: set[int], generation: int, stable: bool) -> list[int]:
+        """The fenced partitions to take up again now (each once)."""
+        back: list[int] = []
+        for partition, at in list(self._fenced.items()):
+            if partition not in assigned:
+                self.forget(partition)  # the group has moved it; an assignment will say
+            elif not stable or generation <= at:
+                self._seen.pop(partition, None)
+            elif self._seen.get(partition) == generation:
+                self.forget(partition)
+                back.append(partition)
+            else:
+                self._seen[partition] = generation
+        return sorted(back)

@@ -20,13 +20,14 @@ from kafka.errors import (
     KafkaTimeoutError,
     ProducerFencedError,
 )
+from kafka.structs import ConsumerGroupMetadata, MemberState
 
 from kmq.markers import QUEUE_LANE, MarkerType, decode, encode_entries
 from kmq.records import delivery_key, queue_headers
 from tests.unit.kafka_stubs import StubTxnProducer
 from tracker.config import TrackerConfig
 from tracker.daemon import Tracker
-from tracker.fencing import PartitionWriters
+from tracker.fencing import FenceWatch, PartitionWriters
 from tracker.redeliver import Redeliverer, copy_of
 from tracker.reread import ReadResult, Record
 from tracker.state import Due, PartitionState
@@ -41,12 +42,32 @@ CONFIG = TrackerConfig(
     redelivery_retry_s=7.0,
 )
 LEASE_MS = 1000
-GROUP_METADATA = object()
+GROUP_METADATA = ConsumerGroupMetadata("grp", 5, "member-1", None, MemberState.STABLE)
 
 
 class StubGroupConsumer:
-    def group_metadata(self) -> object:
-        return GROUP_METADATA
+    """The group consumer: its membership, assignment, committed offsets and seeks."""
+
+    def __init__(self) -> None:
+        self.metadata = GROUP_METADATA
+        self.assigned: set[int] = set()
+        self.committed_at: dict[int, int] = {}
+        self.seeks: list[tuple[int, int | None]] = []
+
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        return self.metadata
+
+    def assignment(self) -> set[TopicPartition]:
+        return {TopicPartition(CONFIG.marker_topic, p) for p in self.assigned}
+
+    def committed(self, tp: TopicPartition) -> int | None:
+        return self.committed_at.get(tp.partition)
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.seeks.append((tp.partition, offset))
+
+    def seek_to_beginning(self, tp: TopicPartition) -> None:
+        self.seeks.append((tp.partition, None))
 
 
 class StubPauses:
@@ -124,7 +145,10 @@ class Harness:
         t._committed = {p: 5 for p in partitions}
         t._fresh = set()
         t._writers = self.writers
-        t._kc = StubGroupConsumer()
+        self.group = t._kc = StubGroupConsumer()
+        t._fence_watch = FenceWatch()
+        t._caught_up = threading.Event()
+        t._nonce = 7
         t._topics = {0: CONFIG.queue_topic, 1: CONFIG.retry_topic}
         t._redeliverer = Redeliverer(
             CONFIG.queue_topic, CONFIG.retry_topic, CONFIG.marker_topic, lambda t, q: (0, 1)
@@ -303,3 +327,48 @@ def test_fenced_on_an_unknown_partition_is_harmless() -> None:
     h.tracker._fenced(9)
     assert h.tracker.partitions() == [0] and h.writers.claimed() == {0}
     assert h.tracker._retired == Counter()
+
+
+def test_a_fenced_partition_the_group_gives_back_is_taken_up_again() -> None:
+    """Under cooperative rebalancing nobody says "assigned" for a partition a member keeps:
+    a replica fenced by a claim the group then undid must take the partition up itself,
+    re-claiming it and reading its markers again from the committed offset."""
+    h = Harness(partitions=(0, 1))
+    h.producers.fail[1] = {"commit_transaction": ProducerFencedError()}
+    h.claim(0, 1)
+    h.group.assigned = {0, 1}
+    t = h.tracker
+    t._redeliver()
+    assert t.partitions() == [0]
+    h.producers.fail[1] = {}
+    h.group.committed_at[1] = 11
+
+    t._retake_fenced()  # the generation of the fence: maybe the claim was right
+    assert t.partitions() == [0] and h.group.seeks == []
+    h.group.metadata = GROUP_METADATA._replace(generation_id=6)
+    t._retake_fenced()  # seen once
+    assert t.partitions() == [0]
+    t._retake_fenced()
+    assert t.partitions() == [0, 1]
+    assert h.writers.get(1) is h.producers.last(1) and len(h.producers.made[1]) == 2
+    assert h.group.seeks == [(1, 11)] and t._states[1].position == 11
+    assert t.stats()["partitions_retaken"] == 1 and t.stats()["fenced"] == 1
+
+
+def test_a_fenced_partition_the_group_moves_away_is_not_taken_up() -> None:
+    h = Harness(partitions=(0,))
+    h.producers.fail[0] = {"commit_transaction": ProducerFencedError()}
+    h.claim(0)
+    h.group.assigned = {0}
+    h.tracker._redeliver()
+    h.producers.fail[0] = {}
+    h.group.assigned = set()  # revoked in the next generation
+    h.group.metadata = GROUP_METADATA._replace(generation_id=6)
+    for _ in range(3):
+        h.tracker._retake_fenced()
+    h.group.assigned = {0}  # and back later: the listener's assignment will say so
+    h.group.metadata = GROUP_METADATA._replace(generation_id=7)
+    for _ in range(3):
+        h.tracker._retake_fenced()
+    assert h.tracker.partitions() == [] and h.group.seeks == []
+    assert len(h.producers.made[0]) == 1, "never claimed again"

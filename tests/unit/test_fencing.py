@@ -14,7 +14,13 @@ from kafka.errors import (
 )
 
 from tests.unit.kafka_stubs import StubTxnProducer
-from tracker.fencing import FENCED_ERRORS, PartitionWriters, is_fenced, transactional_id
+from tracker.fencing import (
+    FENCED_ERRORS,
+    FenceWatch,
+    PartitionWriters,
+    is_fenced,
+    transactional_id,
+)
 
 
 class Factory:
@@ -211,3 +217,49 @@ def test_claimed_is_what_succeeded_and_was_not_released(ops: list[tuple[str, int
     assert open_ == {f"grp.markers.{p}" for p in model}, "every producer not kept is closed"
     w.close()
     assert all(p.closed_with for p in factory.made)
+
+
+# -- FenceWatch: when a fenced partition comes back to this replica --------------------------
+
+# Each step: (partitions assigned here, generation, stable) -> what retake() returns.
+RETAKE_CASES = {
+    "same generation never": [({1}, 5, True, []), ({1}, 5, True, []), ({1}, 5, True, [])],
+    "later generation, seen twice": [({1}, 6, True, []), ({1}, 6, True, [1])],
+    "not while rebalancing": [
+        ({1}, 6, False, []),
+        ({1}, 6, False, []),
+        ({1}, 6, True, []),
+        ({1}, 6, True, [1]),
+    ],
+    "a generation that moves on starts over": [
+        ({1}, 6, True, []),
+        ({1}, 7, True, []),
+        ({1}, 7, True, [1]),
+    ],
+    "revoked: forgotten for good": [(set(), 6, True, []), ({1}, 7, True, []), ({1}, 7, True, [])],
+    "only once": [({1}, 6, True, []), ({1}, 6, True, [1]), ({1}, 6, True, [])],
+}
+
+
+@pytest.mark.parametrize("steps", RETAKE_CASES.values(), ids=RETAKE_CASES.keys())
+def test_a_fenced_partition_is_retaken_only_when_a_later_generation_keeps_it_here(
+    steps: list[tuple[set[int], int, bool, list[int]]],
+) -> None:
+    watch = FenceWatch()
+    watch.fenced(1, generation=5)
+    for i, (assigned, generation, stable, expected) in enumerate(steps):
+        assert watch.retake(assigned, generation, stable) == expected, f"step {i}"
+
+
+def test_an_assignment_ends_the_watch_and_a_new_fence_restarts_it() -> None:
+    watch = FenceWatch()
+    watch.fenced(1, generation=5)
+    watch.fenced(2, generation=5)
+    assert watch.retake({1, 2}, 6, True) == []
+    watch.forget(1)  # the listener assigned it afresh: the daemon has it again
+    watch.fenced(2, generation=6)  # fenced again in the generation seen once
+    assert watch.watching() == {2}
+    assert watch.retake({1, 2}, 6, True) == []
+    assert watch.retake({1, 2}, 7, True) == []
+    assert watch.retake({1, 2}, 7, True) == [2]
+    assert watch.watching() == set()
