@@ -335,6 +335,10 @@ class Report:
     delays_beyond_lease_s: list[float] = field(default_factory=list)
     slow_redeliveries: list[tuple[float, str]] = field(default_factory=list)
     """(delay beyond the lease, where the time went) for each delay counted above."""
+    tracker_delays_s: list[float] = field(default_factory=list)
+    """Each delay's tracker part: from the lease's end to the copy's REDELIVERED marker."""
+    consumer_delays_s: list[float] = field(default_factory=list)
+    """Each delay's consumer part: from that marker to a worker taking the copy."""
     worker_kills: int = 0
     tracker_kills: int = 0
     resets: int = 0
@@ -348,8 +352,8 @@ class Report:
     """First-attempt queue records stamped over a minute ahead of / behind when written."""
     elapsed_s: float = 0.0
 
-    def delay_percentile(self, q: float) -> float | None:
-        delays = sorted(self.delays_beyond_lease_s)
+    def delay_percentile(self, q: float, delays_s: list[float] | None = None) -> float | None:
+        delays = sorted(self.delays_beyond_lease_s if delays_s is None else delays_s)
         if not delays:
             return None
         if len(delays) == 1:
@@ -373,6 +377,10 @@ class Report:
             f"redelivery_delay_beyond_lease p50={seconds(self.delay_percentile(0.5))} "
             f"p99={seconds(self.delay_percentile(0.99))} "
             f"max={seconds(max(self.delays_beyond_lease_s, default=None))} "
+            f"(tracker part p50={seconds(self.delay_percentile(0.5, self.tracker_delays_s))} "
+            f"p99={seconds(self.delay_percentile(0.99, self.tracker_delays_s))}, consumer part "
+            f"p50={seconds(self.delay_percentile(0.5, self.consumer_delays_s))} "
+            f"p99={seconds(self.delay_percentile(0.99, self.consumer_delays_s))}) "
             f"skewed ahead/behind: markers={self.skewed_markers[0]}/{self.skewed_markers[1]} "
             f"records={self.skewed_records[0]}/{self.skewed_records[1]} "
             f"elapsed={self.elapsed_s:.0f}s"
@@ -568,6 +576,8 @@ def _check_redeliveries(
             if after:
                 delay = min(after) - killed_at - run.lease_s
                 report.delays_beyond_lease_s.append(delay)
+                report.tracker_delays_s.append(at - killed_at - run.lease_s)
+                report.consumer_delays_s.append(min(after) - at)
                 report.slow_redeliveries.append(
                     (
                         delay,

@@ -151,6 +151,10 @@ def test_redelivery_after_the_holder_was_killed_is_explained_and_timed() -> None
     assert report.causes == {"holder_killed": 1}
     assert (report.unexplained, report.early) == ([], [])
     assert report.delays_beyond_lease_s == [pytest.approx(5 - 2 - LEASE_S)]
+    # Split at the REDELIVERED marker: the tracker's part, then the consumers'.
+    assert report.tracker_delays_s == [pytest.approx(4.5 - 2 - LEASE_S)]
+    assert report.consumer_delays_s == [pytest.approx(5 - 4.5)]
+    assert "consumer part p50=0.50s" in report.summary("")
     assert report.duplicates == 1
 
 
