@@ -109,6 +109,7 @@ class Params:
     stall_every_s: float = 11.0
     max_stall_s: float = 3.0
     """Stalls last 0.2 s to this long; over 2/3 of the lease they cause redeliveries."""
+    tracker_rebalance: str = TrackerConfig.rebalance
 
     @classmethod
     def from_env(cls) -> Params:
@@ -126,6 +127,8 @@ class Params:
             tracker_kill_every_s=_env_number("KMQ_CHAOS_TRACKER_KILL_EVERY_S", 15.0),
             worker_max_in_flight=int(_env_number("KMQ_CHAOS_MAX_IN_FLIGHT", 10)),
             worker_handlers=int(_env_number("KMQ_CHAOS_HANDLERS", 1)),
+            tracker_rebalance=os.environ.get("KMQ_CHAOS_TRACKER_REBALANCE")
+            or TrackerConfig.rebalance,
         )
 
     @property
@@ -167,7 +170,7 @@ class Params:
             f"producers={self.producers} lease={self.lease_s:g}s chaos={self.chaos_s:g}s "
             f"session={self.session_timeout_ms}ms kill_every={self.worker_kill_every_s:g}s/"
             f"{self.tracker_kill_every_s:g}s in_flight={self.worker_max_in_flight} "
-            f"handlers={self.worker_handlers}"
+            f"handlers={self.worker_handlers} tracker_rebalance={self.tracker_rebalance}"
         )
 
 
@@ -374,6 +377,7 @@ def test_chaos(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
             default_redelivery_timeout_s=params.lease_s,
             session_timeout_ms=params.session_timeout_ms,
             commit_interval_s=0.2,
+            rebalance=params.tracker_rebalance,
         )
 
         def argv(slot: Slot, name: str) -> list[str]:

@@ -207,6 +207,7 @@ def tracker_argv(config: TrackerConfig, metrics_port: int = 0) -> list[str]:
         "--default-redelivery-timeout-s", str(config.default_redelivery_timeout_s),
         "--session-timeout-ms", str(config.session_timeout_ms),
         "--commit-interval-s", str(config.commit_interval_s),
+        "--rebalance", config.rebalance,
         "--stats-interval-s", "1",
         "--metrics-port", str(metrics_port),
     ]  # fmt: skip
