@@ -13,6 +13,7 @@ from kmq.errors import (
     MarkerDecodeError,
     MessageStateError,
     MessageTooLargeError,
+    SendFailedError,
 )
 from kmq.kafka_clients import KafkaSecurity
 from kmq.message import Message
@@ -42,6 +43,7 @@ __all__ = [
     "Queue",
     "Receipt",
     "RetryPolicy",
+    "SendFailedError",
     "Service",
     "ServiceConfig",
     "Settler",

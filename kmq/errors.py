@@ -20,7 +20,7 @@ class InvalidMessageError(KmqError, ValueError):
 
 
 class MessageTooLargeError(InvalidMessageError):
-    """The payload would not fit in its START marker under the broker's record size limit."""
+    """The payload would make a queue record over the broker's record size limit."""
 
 
 class MessageStateError(KmqError):
@@ -37,6 +37,19 @@ class MarkerDecodeError(KmqError, ValueError):
 
 class BrokerError(KmqError):
     """The Kafka broker rejected a request or could not be reached in time."""
+
+
+class SendFailedError(BrokerError):
+    """Messages sent with ``wait=False`` that never reached the broker (raised by
+    ``Producer.flush()``). ``failed`` maps each message id to its cause."""
+
+    def __init__(self, queue: str, failed: dict[str, BaseException]) -> None:
+        self.failed = failed
+        first = next(iter(failed.values()))
+        super().__init__(
+            f"{len(failed)} message(s) sent to queue {queue!r} with wait=False did not reach "
+            f"the broker (first cause: {first!r}); they are not in the queue"
+        )
 
 
 class InvalidArgumentError(KmqError, ValueError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from kafka.errors import KafkaError
 
 from kmq import metrics
-from kmq.errors import BrokerError, KmqError, MessageTooLargeError
+from kmq.errors import BrokerError, KmqError, MessageTooLargeError, SendFailedError
 from kmq.records import new_message_id, queue_headers, record_size
 from kmq.validation import check_headers, check_payload
 
@@ -37,6 +38,9 @@ class Producer:
         self._rr = itertools.count(random.randrange(1 << 16))
         self._kp: Any = None
         self._metrics = metrics.for_queue(self._service.config.metrics, queue.id)
+        self._failed_lock = threading.Lock()
+        self._failed: dict[str, BaseException] = {}
+        """``wait=False`` sends the broker never took, by message id, until flush() says so."""
 
     def send(
         self, payload: bytes, headers: Mapping[str, bytes] | None = None, *, wait: bool = True
@@ -44,12 +48,15 @@ class Producer:
         """Enqueue ``payload`` and return its message id.
 
         With ``wait=True`` (the default) this returns once the broker has the record. With
-        ``wait=False`` it returns at once; call :meth:`flush` before relying on delivery.
+        ``wait=False`` it returns at once; call :meth:`flush` before relying on delivery: it
+        raises :class:`SendFailedError` naming every such message the broker did not take.
         Bad input raises before anything is written.
         """
         body, user_headers = self._checked(payload, headers)
         message_id = new_message_id()
-        self._write(message_id, body, user_headers, wait=wait)
+        future = self._write(message_id, body, user_headers, wait=wait)
+        if not wait:
+            future.add_errback(self._record_failure, message_id)
         if self._metrics is not None:
             self._metrics.sent.inc()
         return message_id
@@ -125,12 +132,24 @@ class Producer:
             raise BrokerError(f"send to queue {self._queue.id!r} failed: {exc}") from exc
         return future
 
+    def _record_failure(self, message_id: str, exc: BaseException) -> None:
+        # kafka-python calls this on its sender thread.
+        with self._failed_lock:
+            self._failed[message_id] = exc
+
     def flush(self, timeout_s: float | None = None) -> None:
-        """Block until every message sent with ``wait=False`` has reached the broker."""
+        """Block until every message sent with ``wait=False`` has reached the broker.
+
+        Raises :class:`SendFailedError` if any of them (since the last flush) failed: those
+        messages are not in the queue, and sending them again is up to the caller."""
         try:
             self._service.kafka_producer().flush(timeout=timeout_s)
         except KafkaError as exc:
             raise BrokerError(f"flush failed: {exc}") from exc
+        with self._failed_lock:
+            failed, self._failed = self._failed, {}
+        if failed:
+            raise SendFailedError(self._queue.id, failed)
 
     def _check_size(self, body: bytes, headers: Sequence[tuple[str, bytes]]) -> None:
         size = record_size(self._key, body, headers)
