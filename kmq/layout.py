@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 LAYOUT_VERSION = 2
@@ -79,6 +79,41 @@ def read_partitions(layout: TopicLayout | None, queue: str, actual: int) -> dict
         elif legacy.get(partition, 0) > 0:
             wanted[partition] = legacy[partition]
     return wanted
+
+
+def mirrored(
+    queue_window: Sequence[int], retry_window: Sequence[int], owned: Collection[int]
+) -> set[int]:
+    """The retry-lane partitions that go with the queue partitions ``owned``: the j-th
+    partition of the retry window goes with the (j mod n)-th of the queue window (of n).
+    A queue's consumers prefer to read exactly these (:mod:`kmq.assignor`), so the tracker
+    knows which retry-lane partition a holder reads, and can send a copy elsewhere."""
+    if not queue_window:
+        return set()
+    return {
+        partition
+        for j, partition in enumerate(retry_window)
+        if queue_window[j % len(queue_window)] in owned
+    }
+
+
+def away_from_holder(
+    queue_window: Sequence[int], retry_window: Sequence[int], read_from: int, lane_is_retry: bool
+) -> int | None:
+    """A retry-lane partition for a copy of a record read from ``read_from`` (a queue-topic
+    partition, or with ``lane_is_retry`` a retry-topic one) that, by :func:`mirrored`, goes
+    with another queue partition than the holder's: if the holder was killed, its own
+    retry-lane partitions wait for the group to notice, but this one has a live reader
+    whenever another consumer reads the queue. ``None`` if there is no such partition (a
+    window of one) or ``read_from`` is outside its window."""
+    window = retry_window if lane_is_retry else queue_window
+    if read_from not in window or not queue_window:
+        return None
+    held = window.index(read_from) % len(queue_window)
+    width = min(len(queue_window), len(retry_window))
+    if width < 2:
+        return None
+    return retry_window[(held + 1) % width]
 
 
 def grown(layout: TopicLayout, queue: str, spread: int) -> TopicLayout:

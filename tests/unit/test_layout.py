@@ -16,10 +16,12 @@ from kmq.layout import (
     LAYOUT_VERSION,
     MAX_SPREAD,
     TopicLayout,
+    away_from_holder,
     base_partition,
     decode_layout,
     encode_layout,
     grown,
+    mirrored,
     read_partitions,
     write_partitions,
 )
@@ -263,3 +265,74 @@ def test_unreadable_layouts_read_as_none(value: bytes | None) -> None:
 def test_decode_layout_never_raises(value: bytes) -> None:
     layout = decode_layout(value)
     assert layout is None or layout.partitions >= 1
+
+
+# -- which retry-lane partitions go with which queue partitions -----------------------------
+
+MIRRORED = {
+    "same windows": ((5, 6), (5, 6), {5}, {5}),
+    "retry window wider": ((5, 6), (2, 3, 4), {5}, {2, 4}),
+    "retry window narrower": ((0, 1, 2), (7, 8), {2}, set()),
+    "everything owned": ((0, 1, 2), (7, 8), {0, 1, 2}, {7, 8}),
+    "nothing owned": ((0, 1), (0, 1), set(), set()),
+    "no queue window": ((), (0, 1), {0}, set()),
+}
+
+
+@pytest.mark.parametrize(("queue", "retry", "owned", "expected"), MIRRORED.values(),
+                         ids=MIRRORED.keys())  # fmt: skip
+def test_mirrored(
+    queue: tuple[int, ...], retry: tuple[int, ...], owned: set[int], expected: set[int]
+) -> None:
+    assert mirrored(queue, retry, owned) == expected
+
+
+AWAY = {
+    "queue record to the next reader's": ((5, 6), (2, 3, 4), 5, False, 3),
+    "and back": ((5, 6), (2, 3, 4), 6, False, 2),
+    "retry record read with 5 (partition 4)": ((5, 6), (2, 3, 4), 4, True, 3),
+    "retry record read with 6": ((5, 6), (2, 3, 4), 3, True, 2),
+    "window of one": ((5,), (2, 3), 5, False, None),
+    "retry window of one": ((5, 6), (2,), 5, False, None),
+    "outside the window": ((5, 6), (2, 3, 4), 9, False, None),
+    "queue partition without a retry partition of its own": ((0, 1, 2), (7, 8), 2, False, 8),
+}
+
+
+@pytest.mark.parametrize(("queue", "retry", "read_from", "is_retry", "expected"), AWAY.values(),
+                         ids=AWAY.keys())  # fmt: skip
+def test_away_from_holder(
+    queue: tuple[int, ...],
+    retry: tuple[int, ...],
+    read_from: int,
+    is_retry: bool,
+    expected: int | None,
+) -> None:
+    assert away_from_holder(queue, retry, read_from, is_retry) == expected
+
+
+windows = st.lists(st.integers(0, 40), min_size=1, max_size=8, unique=True).map(tuple)
+
+
+@settings(max_examples=300, deadline=None)
+@given(windows, windows, st.data())
+def test_a_copy_never_goes_to_a_partition_its_holder_reads(
+    queue: tuple[int, ...], retry: tuple[int, ...], data: st.DataObject
+) -> None:
+    """Whoever reads the queue partition (or retry partition) a record came from, by
+    ``mirrored`` it does not read the partition its copy goes to, unless every partition
+    goes with one queue partition; and every retry partition has exactly one reader."""
+    lane_is_retry = data.draw(st.booleans())
+    read_from = data.draw(st.sampled_from(retry if lane_is_retry else queue))
+    holder_reads = (
+        mirrored(queue, retry, {queue[retry.index(read_from) % len(queue)]})
+        if lane_is_retry
+        else mirrored(queue, retry, {read_from})
+    )
+    away = away_from_holder(queue, retry, read_from, lane_is_retry)
+    if min(len(queue), len(retry)) < 2:
+        assert away is None
+    else:
+        assert away in retry and away not in holder_reads
+    readers = [mirrored(queue, retry, {q}) for q in queue]
+    assert sorted(p for ps in readers for p in ps) == sorted(retry)
