@@ -44,11 +44,12 @@ from kmq.errors import (
     InvalidArgumentError,
     MessageStateError,
 )
+from kmq.layout import mirrored
 from kmq.leases import Actions, Batch, BatchCycle, Leases
 from kmq.marker_writer import Flush, MarkerWriter
 from kmq.markers import QUEUE_LANE, RETRY_LANE, Entry, MarkerType, encode_entries
 from kmq.message import Message, State
-from kmq.rebalances import GivenUp
+from kmq.rebalances import GivenUp, request_rejoin
 from kmq.receipts import Receipt
 from kmq.records import ID_HEADER, dead_letter_headers, delivery_key, parse_queue_headers
 
@@ -170,6 +171,11 @@ class Consumer:
         self._read: dict[int, int | None] = {}
         self._declared: frozenset[int] = frozenset()
         self._declared_retry: frozenset[int] = frozenset()
+        self._queue_window: tuple[int, ...] = ()
+        self._retry_window: tuple[int, ...] = ()
+        self._aligned_to: frozenset[int] | None = None
+        """The queue partitions the retry-lane member last told its group it reads."""
+        self._realign_asked: frozenset[int] | None = None
         self._legacy_done: set[int] = set()
         self._layout_version = -1
         self._given_up = GivenUp()
@@ -178,7 +184,11 @@ class Consumer:
             # Apart, each can be paused as a whole, and the retry lane is read first.
             self._kc = self._kafka_consumer(self.group_id, self._declaration, 100)
             self._rc = self._kafka_consumer(
-                f"{self.group_id}.retry", self._retry_declaration, 500, "retry-consumer"
+                f"{self.group_id}.retry",
+                self._retry_declaration,
+                500,
+                "retry-consumer",
+                preferred=self._retry_preferred,
             )
             self._refresh_layout(initial=True)
             self._kc.subscribe([self._topic], listener=self._given_up)
@@ -203,14 +213,24 @@ class Consumer:
         self._thread.start()
 
     def _kafka_consumer(
-        self, group_id: str, declared: Any, fetch_max_wait_ms: int, name: str = "consumer"
+        self,
+        group_id: str,
+        declared: Any,
+        fetch_max_wait_ms: int,
+        name: str = "consumer",
+        preferred: Any = None,
     ) -> KafkaConsumer:
         cfg = self._svc_config
         made: list[KafkaConsumer] = []
         if self.config.rebalance == EAGER:
-            strategy: list[Any] = [LayoutAssignor(declared), RangePartitionAssignor]
+            strategy: list[Any] = [
+                LayoutAssignor(declared, preferred=preferred),
+                RangePartitionAssignor,
+            ]
         else:  # the member tells the leader what it reads, to keep it through a rebalance
-            strategy = [LayoutAssignor(declared, lambda: made[0].assignment() if made else ())]
+            strategy = [
+                LayoutAssignor(declared, lambda: made[0].assignment() if made else (), preferred)
+            ]
         client = kafka_clients.consumer(  # installs kmq.join_fix: a group member
             cfg.connection,
             name,
@@ -337,6 +357,11 @@ class Consumer:
     def assignment(self) -> frozenset[int]:
         """Queue-topic partitions this consumer owned at its last poll (empty before it joins)."""
         return self._assigned
+
+    def retry_assignment(self) -> frozenset[int]:
+        """Retry-topic partitions this consumer reads now (empty before its retry-lane
+        member joins)."""
+        return frozenset(tp.partition for tp in self._rc.assignment())
 
     def fetching(self) -> frozenset[int]:
         """The assigned partitions it still reads: all but those it has finished (other
@@ -627,6 +652,7 @@ class Consumer:
             self._next_layout_check = now + _LAYOUT_CHECK_S
             self._refresh_layout()
             self._check_legacy()
+            self._realign()
 
     def _wait_for_room(self, above: int, timeout_s: float) -> None:
         with self._room_freed:
@@ -680,6 +706,31 @@ class Consumer:
     def _retry_declaration(self) -> dict[str, list[int]]:
         return {self._retry_topic: sorted(self._declared_retry)}
 
+    def _retry_preferred(self) -> dict[str, set[int]]:
+        """The retry-lane partitions that go with the queue partitions this consumer reads
+        (asked on kafka-python's IO thread at each join of the retry lane's group). The
+        tracker sends a copy to another consumer's, so a killed holder's copies do not wait
+        for the group to notice it."""
+        owned = frozenset(tp.partition for tp in self._kc.assignment())
+        self._aligned_to = owned
+        return {self._retry_topic: mirrored(self._queue_window, self._retry_window, owned)}
+
+    def _realign(self) -> None:
+        """Once the queue partitions this consumer reads have changed since the retry lane's
+        group last heard, and its retry-lane partitions no longer go with them, ask that
+        group to rebalance (once per change)."""
+        owned = frozenset(tp.partition for tp in self._kc.assignment())
+        if owned in (self._aligned_to, self._realign_asked):
+            return
+        want = mirrored(self._queue_window, self._retry_window, owned)
+        if want == {tp.partition for tp in self._rc.assignment()}:
+            return
+        stable = MemberState.STABLE
+        if self._kc.group_metadata().state != stable or self._rc.group_metadata().state != stable:
+            return
+        self._realign_asked = owned
+        request_rejoin(self._rc)
+
     def _refresh_layout(self, *, initial: bool = False) -> None:
         """Follow the queue's layout: rejoin the group when it gains partitions."""
         version = self._pauses.version
@@ -698,6 +749,8 @@ class Consumer:
             else:
                 declared.add(partition)
         retry = set(self._svc.read_partitions(self.queue, self._retry_topic))
+        self._queue_window = self._svc.write_partitions(self.queue)
+        self._retry_window = self._svc.write_partitions(self.queue, self._retry_topic)
         self._read = read
         grew = not set(declared) <= self._declared
         grew_retry = not retry <= self._declared_retry

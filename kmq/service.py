@@ -183,8 +183,11 @@ class Service:
             topic or cfg.queue_topic, cfg.request_timeout_ms / 1000
         )
 
-    def write_partitions(self, queue: str) -> tuple[int, ...]:
-        """The queue-topic partitions ``queue``'s records are written to."""
+    def write_partitions(self, queue: str, topic: str | None = None) -> tuple[int, ...]:
+        """The partitions ``queue``'s records are written to on a topic (the queue topic by
+        default)."""
+        if topic is not None and topic != self.config.queue_topic:
+            return write_partitions(self.layout(topic), queue, self._partition_count(topic))
         watcher = self._watcher or self.control_watcher()
         if self._placement_version != watcher.version:
             self._placement = {}

@@ -12,6 +12,7 @@ from kafka import TopicPartition
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
+from kmq.layout import away_from_holder
 from kmq.markers import (
     MAX_ATTEMPT,
     MAX_TEXT_BYTES,
@@ -98,7 +99,7 @@ class Redeliverer:
     skips them, all in one transaction of that partition's producer.
 
     ``partitions(topic, queue)`` gives the partitions a queue's records go to on a topic
-    (its layout). A copy of a retry-lane record stays on its partition when it can.
+    (its layout).
     """
 
     def __init__(
@@ -116,13 +117,26 @@ class Redeliverer:
         self._partitions = partitions
 
     def target(self, copy: Copy) -> tuple[str, int]:
-        """Topic and partition a copy (or dead letter) goes to."""
+        """Topic and partition a copy (or dead letter) goes to.
+
+        A copy goes to a retry-lane partition that another consumer than its holder reads
+        (:func:`kmq.layout.away_from_holder`): a killed holder's own partitions wait for its
+        group to notice, this one is read at once."""
+        lane, partition, offset = split_key(copy.due.key)
         if copy.dead_letter_queue is None and self._retry_topic is not None:
             topic, lane_here = self._retry_topic, RETRY_LANE
+            choices = self._partitions(topic, copy.destination)
+            away = away_from_holder(
+                self._partitions(self._queue_topic, copy.destination),
+                choices,
+                partition,
+                lane == RETRY_LANE,
+            )
+            if away is not None:
+                return topic, away
         else:
             topic, lane_here = self._queue_topic, QUEUE_LANE
-        choices = self._partitions(topic, copy.destination)
-        lane, partition, offset = split_key(copy.due.key)
+            choices = self._partitions(topic, copy.destination)
         if lane == lane_here and partition in choices:
             return topic, partition
         return topic, choices[offset % len(choices)]

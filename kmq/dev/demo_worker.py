@@ -6,8 +6,10 @@ import argparse
 import json
 import signal
 import sys
+import threading
 import time
 
+from kmq.consumer import Consumer
 from kmq.message import Message
 from kmq.service import Service
 
@@ -15,6 +17,16 @@ from kmq.service import Service
 def emit(**event: object) -> None:
     sys.stdout.write(json.dumps(event) + "\n")
     sys.stdout.flush()
+
+
+def report_assignments(consumer: Consumer, name: str, stop: threading.Event) -> None:
+    """Emit the queue and retry-lane partitions this worker reads, each time they change."""
+    last: tuple[list[int], list[int]] | None = None
+    while not stop.wait(0.05):
+        now = (sorted(consumer.assignment()), sorted(consumer.retry_assignment()))
+        if now != last:
+            last = now
+            emit(event="assignment", worker=name, queue=now[0], retry=now[1])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -53,7 +65,11 @@ def main(argv: list[str] | None = None) -> None:
     acked = 0
     held: list[Message] = []
     queue = service.queue(args.queue)
+    stop = threading.Event()
     with service, queue.consumer(max_in_flight=args.max_in_flight) as consumer:
+        threading.Thread(
+            target=report_assignments, args=(consumer, args.name, stop), daemon=True
+        ).start()
         emit(event="ready", worker=args.name)
         for message in consumer:
             emit(event="took", worker=args.name, id=message.id, attempt=message.attempt)

@@ -235,14 +235,20 @@ def a_copy(
     return copy_of(d, record(attempt))
 
 
-# Each row: the copy, the retry topic on or off, then (topic, partition).
+# Each row: the copy, the retry topic on or off, then (topic, partition). The queue "orders"
+# is on queue partitions (5, 6) and retry partitions (2, 3, 4): by kmq.layout.mirrored, the
+# reader of 5 reads 2 and 4, the reader of 6 reads 3. A copy goes to the other reader's.
 TARGETS: dict[str, tuple[Copy, bool, tuple[str, int]]] = {
-    "queue-lane-copy-to-retry-topic-by-offset": (a_copy(QUEUE_LANE, 3, 77), True,
-                                                 (RETRY_TOPIC, (2, 3, 4)[77 % 3])),
-    "queue-lane-copy-never-kept-on-its-queue-partition": (a_copy(QUEUE_LANE, 2, 7), True,
-                                                          (RETRY_TOPIC, (2, 3, 4)[7 % 3])),
-    "retry-lane-copy-stays-on-its-partition": (a_copy(RETRY_LANE, 4, 77), True,
-                                               (RETRY_TOPIC, 4)),
+    "copy-of-queue-partition-5-to-the-reader-of-6": (a_copy(QUEUE_LANE, 5, 77), True,
+                                                     (RETRY_TOPIC, 3)),
+    "copy-of-queue-partition-6-to-the-reader-of-5": (a_copy(QUEUE_LANE, 6, 77), True,
+                                                     (RETRY_TOPIC, 2)),
+    "queue-lane-copy-outside-the-layout-by-offset": (a_copy(QUEUE_LANE, 3, 77), True,
+                                                     (RETRY_TOPIC, (2, 3, 4)[77 % 3])),
+    "retry-lane-copy-of-4-to-the-reader-of-6": (a_copy(RETRY_LANE, 4, 77), True,
+                                                (RETRY_TOPIC, 3)),
+    "retry-lane-copy-of-3-to-the-reader-of-5": (a_copy(RETRY_LANE, 3, 77), True,
+                                                (RETRY_TOPIC, 2)),
     "retry-lane-copy-outside-the-layout-moves": (a_copy(RETRY_LANE, 9, 10), True,
                                                  (RETRY_TOPIC, (2, 3, 4)[10 % 3])),
     "dead-letter-to-queue-topic-by-offset": (a_copy(RETRY_LANE, 1, 8, max_attempts=3), True,
@@ -264,7 +270,8 @@ TARGETS: dict[str, tuple[Copy, bool, tuple[str, int]]] = {
 def test_target(copy: Copy, retry: bool, expected: tuple[str, int]) -> None:
     layouts = Layouts()
     assert redeliverer(layouts, retry=retry).target(copy) == expected
-    assert layouts.asked == [(expected[0], copy.destination)], "the destination's layout"
+    assert {t for t, _ in layouts.asked} <= {QUEUE_TOPIC, RETRY_TOPIC}
+    assert {q for _, q in layouts.asked} == {copy.destination}, "the destination's layouts"
 
 
 @settings(max_examples=300, deadline=None)
@@ -292,7 +299,10 @@ def test_target_rules(
     assert topic == (RETRY_TOPIC if to_retry else QUEUE_TOPIC)
     assert chosen in choices
     same_topic = lane == (RETRY_LANE if to_retry else QUEUE_LANE)
-    if same_topic and partition in choices:
+    if to_retry and partition in choices and len(choices) > 1:
+        # Both windows are ``choices`` here: the copy goes to the next partition's reader.
+        assert chosen == choices[(choices.index(partition) + 1) % len(choices)] != partition
+    elif same_topic and partition in choices:
         assert chosen == partition
     else:
         assert chosen == choices[offset % len(choices)]
@@ -328,7 +338,7 @@ def test_a_round_writes_copies_markers_and_the_offset_commit() -> None:
     copy_sends, marker_sends = txn.sent[0::2], txn.sent[1::2]
     assert [(s.topic, s.partition, s.key) for s in copy_sends] == [
         (RETRY_TOPIC, (2, 3, 4)[77 % 3], b"orders"),
-        (RETRY_TOPIC, 4, b"orders"),
+        (RETRY_TOPIC, 3, b"orders"),  # read with queue partition 6, not 5 like 4
         (QUEUE_TOPIC, (0, 1, 3)[79 % 3], b"orders.dlq"),
     ]
     assert [s.value for s in copy_sends] == [b"payload"] * 3
