@@ -255,6 +255,26 @@ def _held(result: dict[str, dict[str, list[int]]]) -> Owned:
     return {m: [(t, p) for t, ps in by_topic.items() for p in ps] for m, by_topic in result.items()}
 
 
+def _rounds(
+    members: list[Member],
+    partitions_of: dict[str, set[int]],
+    owned: Owned,
+    preferred: Owned | None = None,
+) -> Owned:
+    """Three cooperative rounds from ``owned``, checking that none gives a member a partition
+    another member still holds; what the members hold after them."""
+    for _round in range(3):
+        result = assign(members, partitions_of, owned, preferred)
+        held_before = {tp for tps in owned.values() for tp in tps}
+        for member_id, tps in _held(result).items():
+            for tp in tps:
+                assert tp in owned[member_id] or tp not in held_before, (
+                    f"{tp} given to {member_id} while another member still holds it"
+                )
+        owned = _held(result)
+    return owned
+
+
 @SETTINGS
 @given(members_st, existing_st, st.data())
 def test_cooperative_rounds_never_give_a_partition_to_two_members_and_settle(
@@ -268,15 +288,7 @@ def test_cooperative_rounds_never_give_a_partition_to_two_members_and_settle(
     owned: Owned = {
         m: data.draw(st.lists(st.sampled_from(every), unique=True)) if every else [] for m in ids
     }
-    for _round in range(3):
-        result = assign(members, partitions_of, owned)
-        held_before = {tp for tps in owned.values() for tp in tps}
-        for member_id, tps in _held(result).items():
-            for tp in tps:
-                assert tp in owned[member_id] or tp not in held_before, (
-                    f"{tp} given to {member_id} while another member still holds it"
-                )
-        owned = _held(result)
+    owned = _rounds(members, partitions_of, owned)
     assert owned == _held(assign(members, partitions_of, owned)), "settled: no more moves"
     wanted_fresh = assign(members, partitions_of)  # eager: the set of partitions it places
     placed = sorted(tp for tps in _held(wanted_fresh).values() for tp in tps)
@@ -374,15 +386,7 @@ def test_preferences_never_give_a_held_partition_away_and_win_within_two_rounds(
         }
 
     owned, preferred = draw(), draw()
-    for _round in range(3):
-        result = assign(members, partitions_of, owned, preferred)
-        held_before = {tp for tps in owned.values() for tp in tps}
-        for member_id, tps in _held(result).items():
-            for tp in tps:
-                assert tp in owned[member_id] or tp not in held_before, (
-                    f"{tp} given to {member_id} while another member still holds it"
-                )
-        owned = _held(result)
+    owned = _rounds(members, partitions_of, owned, preferred)
     assert owned == _held(assign(members, partitions_of, owned, preferred)), "settled"
     fresh = _held(assign(members, partitions_of))
     assert sorted(tp for tps in owned.values() for tp in tps) == sorted(
