@@ -19,10 +19,12 @@ def emit(**event: object) -> None:
     sys.stdout.flush()
 
 
-def report_assignments(consumer: Consumer, name: str, stop: threading.Event) -> None:
-    """Emit the queue and retry-lane partitions this worker reads, each time they change."""
+def report_assignments(consumer: Consumer, name: str) -> None:
+    """Emit the queue and retry-lane partitions this worker reads, each time they change
+    (on a daemon thread, until the process exits)."""
     last: tuple[list[int], list[int]] | None = None
-    while not stop.wait(0.05):
+    while True:
+        time.sleep(0.05)
         now = (sorted(consumer.assignment()), sorted(consumer.retry_assignment()))
         if now != last:
             last = now
@@ -65,10 +67,9 @@ def main(argv: list[str] | None = None) -> None:
     acked = 0
     held: list[Message] = []
     queue = service.queue(args.queue)
-    stop = threading.Event()
     with service, queue.consumer(max_in_flight=args.max_in_flight) as consumer:
         threading.Thread(
-            target=report_assignments, args=(consumer, args.name, stop), daemon=True
+            target=report_assignments, args=(consumer, args.name), daemon=True
         ).start()
         emit(event="ready", worker=args.name)
         for message in consumer:
