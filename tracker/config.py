@@ -34,8 +34,8 @@ class TrackerConfig:
     rebalance: str = EAGER
     """``"eager"``: every replica gives up (and later replays) every partition at every
     rebalance. ``"cooperative"``: a replica joining, leaving or dying moves only the markers
-    partitions that must move. Not the default yet: a replica fenced on a partition that the
-    group then leaves with it does not take that partition up again (see the README)."""
+    partitions that must move. Not the default: eager and cooperative replicas cannot share
+    a group, and it has had too few full chaos runs (see the README)."""
     request_timeout_ms: int = 30_000
     commit_interval_s: float = 1.0
     poll_timeout_ms: int = 100
