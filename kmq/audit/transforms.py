@@ -224,10 +224,15 @@ def messages(deliveries: DataFrame) -> DataFrame:
     """
     started = F.col("starts") > 0
     original = F.col("on_queue") & (F.col("attempt") == 1)
-    latest = F.max_by(
-        F.struct("open", "last_settle_type", "lease_until_ms", "first_start_ms", "attempt"),
-        F.when(started, F.col("last_start_pos")),
-    )
+    # The latest STARTed delivery's fields, one max_by each: a struct in an aggregation
+    # buffer makes Spark sort the deliveries instead of hashing them (1-2 s of a 1M audit).
+    # A message's markers share one markers partition, so its deliveries' last START
+    # positions differ (unless the markers topic was repartitioned between them).
+    latest = F.when(started, F.col("last_start_pos"))
+    latest_fields = [
+        F.max_by(F.col(name), latest).alias(f"latest_{name}")
+        for name in ("open", "last_settle_type", "lease_until_ms", "first_start_ms", "attempt")
+    ]
     g = deliveries.groupBy("queue", "message_id").agg(
         F.coalesce(F.max(original), F.lit(False)).alias("sent"),
         F.min(F.when(original, F.col("sent_ms"))).alias("sent_ms"),
@@ -240,14 +245,14 @@ def messages(deliveries: DataFrame) -> DataFrame:
         F.max("dead_lettered").alias("dead_lettered"),
         F.count(F.col("redelivered_pos")).alias("redeliveries"),
         F.max(F.when(started, F.col("attempt"))).alias("max_attempt"),
-        latest.alias("latest"),
+        *latest_fields,
     )
     status = (
         F.when(F.col("acked_deliveries") > 0, "acked")
-        .when(F.col("latest.open"), "in_flight")
+        .when(F.col("latest_open"), "in_flight")
         .when(F.col("unstarted_copies") > 0, "pending")
         .when(F.col("dead_lettered"), "dead_lettered")
-        .when(F.col("latest.last_settle_type").isin(*map(int, GIVEBACK)), "awaiting_redelivery")
+        .when(F.col("latest_last_settle_type").isin(*map(int, GIVEBACK)), "awaiting_redelivery")
         .otherwise("lost")
     )
     return g.select(
@@ -264,9 +269,9 @@ def messages(deliveries: DataFrame) -> DataFrame:
         "dead_lettered",
         "redeliveries",
         "max_attempt",
-        F.col("latest.first_start_ms").alias("latest_start_ms"),
-        F.col("latest.lease_until_ms").alias("lease_until_ms"),
-        F.col("latest.attempt").alias("latest_attempt"),
+        F.col("latest_first_start_ms").alias("latest_start_ms"),
+        F.col("latest_lease_until_ms").alias("lease_until_ms"),
+        "latest_attempt",
         status.alias("status"),
     )
 
