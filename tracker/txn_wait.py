@@ -29,7 +29,7 @@ def send_offsets(
         lambda m: m.send_offsets_to_transaction(dict(offsets), group_metadata),
         lambda: producer.send_offsets_to_transaction(dict(offsets), group_metadata),
         timeout_s,
-        "the offset commit",
+        "offset commit",
     )
 
 
