@@ -46,7 +46,7 @@ bench-quick: setup  ## the benchmark in under 2 minutes: bench/results/quick.{js
 
 .PHONY: chaos spark-cluster
 
-spark-cluster: setup  ## the audit and the streaming source on local-cluster[2,1,1024] vs local[2] (~7 min)
+spark-cluster: setup  ## the audit and the streaming source on local-cluster[2,1,1024] vs local[2] (2-7 min)
 	$(BIN)/pytest -q tests/functional/spark_cluster_check.py
 
 chaos: setup  ## the full chaos run, 100,000 messages (about 35 minutes on 2 cores); `make test` runs a reduced one

@@ -2,7 +2,7 @@
 workers and two executor JVMs started by Spark) give what they give on ``local[2]``.
 
 Not part of ``make test`` (its name does not match ``test_*.py``): it starts three more JVMs
-and takes 6 to 7 minutes on a 2-core machine. ``make spark-cluster`` runs it."""
+and takes 2 to 7 minutes on a 2-core machine. ``make spark-cluster`` runs it."""
 
 from __future__ import annotations
 
