@@ -14,11 +14,6 @@ owner and given to the new one only in the next round, so no two members read it
 A member killed or joining then stops only the partitions it owned or gets, not the whole
 group (eager rebalancing revokes every partition of every member at every join).
 
-A member may also name partitions it *prefers* (a queue's retry-lane consumer prefers the
-retry-lane partitions that go with its queue partitions, :func:`kmq.layout.mirrored`). A
-preferred partition goes to the member preferring it, even away from its current holder
-(through the same two rounds), and is left out of evening out.
-
 Eager members also offer kafka-python's range assignor, after this one: a group that still
 has members of kmq 0.1 (range only) then agrees on range, and everyone reads everything, as
 0.1 did. Cooperative members cannot (kafka-python needs one rebalance protocol for all of a
@@ -51,22 +46,9 @@ Declared = Mapping[str, Iterable[int]]
 Partition = tuple[str, int]
 
 
-def encode_declared(declared: Declared, preferred: Declared | None = None) -> bytes:
+def encode_declared(declared: Declared) -> bytes:
     doc: dict[str, Any] = {"v": 1, "t": {t: sorted(ps) for t, ps in declared.items()}}
-    if preferred:
-        doc["p"] = {t: sorted(ps) for t, ps in preferred.items()}
     return json.dumps(doc).encode()
-
-
-def decode_preferred(data: bytes | None) -> set[Partition]:
-    """The partitions a member prefers (none if it names none, or says nothing readable)."""
-    if not data:
-        return set()
-    try:
-        topics = json.loads(data).get("p") or {}
-        return {(str(t), int(p)) for t, ps in topics.items() for p in ps}
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return set()
 
 
 def decode_declared(data: bytes | None) -> dict[str, set[int]] | None:
@@ -84,7 +66,6 @@ def assign(
     members: list[tuple[str, set[str], dict[str, set[int]] | None]],
     partitions_of: Mapping[str, set[int]],
     owned: Mapping[str, Iterable[Partition]] | None = None,
-    preferred: Mapping[str, Iterable[Partition]] | None = None,
 ) -> dict[str, dict[str, list[int]]]:
     """Pure assignment. ``members``: (member id, subscribed topics, declared partitions or
     ``None`` for "all"), in the order ties are broken; ``partitions_of``: what exists.
@@ -94,9 +75,6 @@ def assign(
     a partition that must move is left out of this round (its owner gives it up and rejoins,
     and the next round, where nobody owns it, gives it to its new owner). ``None``: eager,
     every partition placed afresh.
-
-    ``preferred``: partitions a member would rather read (the first member in order wins
-    should two prefer one). Each goes to its member if that member wants it.
     """
     wanted: dict[Partition, list[str]] = {}
     for member_id, topics, declared in members:
@@ -111,14 +89,7 @@ def assign(
     for member_id, _, _ in members:
         for tp in (owned or {}).get(member_id, ()):
             holder.setdefault(tp, member_id)
-    favoured: dict[Partition, str] = {}
-    for member_id, _, _ in members:
-        for tp in (preferred or {}).get(member_id, ()):
-            if member_id in wanted.get(tp, ()):
-                favoured.setdefault(tp, member_id)
-    owner: dict[Partition, str] = dict(favoured)
-    for member_id in favoured.values():
-        load[member_id] += 1
+    owner: dict[Partition, str] = {}
     for tp, member_id in sorted(holder.items()):
         if tp not in owner and member_id in wanted.get(tp, ()):
             owner[tp] = member_id
@@ -129,7 +100,7 @@ def assign(
             load[chosen] += 1
             owner[tp] = chosen
     if owned is not None:
-        _even_out(owner, wanted, load, holder, set(favoured))
+        _even_out(owner, wanted, load, holder)
     out: dict[str, dict[str, list[int]]] = {member_id: {} for member_id, _, _ in members}
     for (topic, partition), member_id in sorted(owner.items()):
         if holder.get((topic, partition), member_id) != member_id:
@@ -143,12 +114,11 @@ def _even_out(
     wanted: Mapping[Partition, list[str]],
     load: dict[str, int],
     holder: Mapping[Partition, str],
-    fixed: set[Partition],
 ) -> None:
     """Move partitions from a member to a less loaded one that wants them while the two
-    differ by two or more; partitions nobody holds yet move first, ``fixed`` ones never.
-    Each move lowers the sum of squared loads, so this ends."""
-    order = sorted((tp for tp in owner if tp not in fixed), key=lambda tp: (tp in holder, tp))
+    differ by two or more; partitions nobody holds yet move first. Each move lowers the sum
+    of squared loads, so this ends."""
+    order = sorted(owner, key=lambda tp: (tp in holder, tp))
     moved = True
     while moved:
         moved = False
@@ -167,8 +137,7 @@ class LayoutAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
 
     ``owned()``, given for cooperative rebalancing, is what the member reads now (its
     consumer's assignment); members send it along (subscription version 1) so the leader
-    can keep each partition where it is. ``preferred()``, asked at every join too, names
-    the partitions the member would rather read.
+    can keep each partition where it is.
     """
 
     name = NAME
@@ -177,11 +146,9 @@ class LayoutAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         self,
         declared: Callable[[], Declared],
         owned: Callable[[], Iterable[Any]] | None = None,
-        preferred: Callable[[], Declared] | None = None,
     ) -> None:
         self._declared = declared
         self._owned = owned
-        self._preferred = preferred
         self.version = _VERSION if owned is None else _COOPERATIVE_VERSION
 
     def supported_protocols(self) -> list[RebalanceProtocol]:
@@ -190,9 +157,7 @@ class LayoutAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         return [RebalanceProtocol.COOPERATIVE]
 
     def metadata(self, topics: Iterable[str]) -> Any:
-        declared = encode_declared(
-            self._declared(), None if self._preferred is None else self._preferred()
-        )
+        declared = encode_declared(self._declared())
         if self._owned is None:
             return ConsumerProtocolSubscription(_VERSION, sorted(topics), declared)
         by_topic: dict[str, list[int]] = {}
@@ -212,13 +177,11 @@ class LayoutAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         rows = []
         topics: set[str] = set()
         owned: dict[str, list[Partition]] | None = None if self._owned is None else {}
-        preferred: dict[str, set[Partition]] = {}
         ordered = sorted(members, key=lambda m: (m.group_instance_id is None, m.member_id))
         for member in ordered:
             subscribed = set(member.metadata.topics)
             topics |= subscribed
             rows.append((member.member_id, subscribed, decode_declared(member.metadata.user_data)))
-            preferred[member.member_id] = decode_preferred(member.metadata.user_data)
             if owned is not None:
                 owned[member.member_id] = [
                     (entry.topic, partition)
@@ -226,7 +189,7 @@ class LayoutAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
                     for partition in entry.partitions
                 ]
         partitions_of = {t: set(cluster.partitions_for_topic(t) or ()) for t in topics}
-        result = assign(rows, partitions_of, owned, preferred)
+        result = assign(rows, partitions_of, owned)
         return {
             member_id: ConsumerProtocolAssignment(self.version, sorted(by_topic.items()), b"")
             for member_id, by_topic in result.items()

@@ -44,12 +44,12 @@ from kmq.errors import (
     InvalidArgumentError,
     MessageStateError,
 )
-from kmq.layout import mirrored
+from kmq.layout import retry_reads
 from kmq.leases import Actions, Batch, BatchCycle, Leases
 from kmq.marker_writer import Flush, MarkerWriter
 from kmq.markers import QUEUE_LANE, RETRY_LANE, Entry, MarkerType, encode_entries
 from kmq.message import Message, State
-from kmq.rebalances import GivenUp, request_rejoin
+from kmq.rebalances import GivenUp
 from kmq.receipts import Receipt
 from kmq.records import ID_HEADER, dead_letter_headers, delivery_key, parse_queue_headers
 
@@ -71,10 +71,10 @@ _RETRY_POLL_S = 0.01
 """How soon the retry lane is polled again after copies came from it."""
 _RETRY_POLL_MAX_S = 0.1
 """How often it is polled at least: the wait doubles from ``_RETRY_POLL_S`` up to this while
-nothing comes and its group is stable (while it joins, it stays at ``_RETRY_POLL_S``). A poll
-costs kafka-python 3.0.12 about 0.4 ms of CPU even when it returns nothing (measured); with
-this, draining a one-queue backlog took a third fewer polls and about a fifth less consumer
-CPU per message. A copy that comes after a quiet spell waits up to 0.1 s for its poll."""
+nothing comes (and starts over when its partitions change). A poll costs kafka-python 3.0.12
+about 0.4 ms of CPU even when it returns nothing (measured); with this, draining a one-queue
+backlog took a third fewer polls and about a fifth less consumer CPU per message. A copy that
+comes after a quiet spell waits up to 0.1 s for its poll."""
 
 TP = TopicPartition
 CycleBatch = Batch[TopicPartition, Message]
@@ -170,29 +170,35 @@ class Consumer:
         self.group_id = config.group_id or f"kmq.{cfg.queue_topic}.{queue.id}"
         self._read: dict[int, int | None] = {}
         self._declared: frozenset[int] = frozenset()
-        self._declared_retry: frozenset[int] = frozenset()
+        self._retry_read: frozenset[int] = frozenset()
+        """Retry-topic partitions the queue's consumers read between them."""
+        self._retry_reading: frozenset[int] = frozenset()
+        """Those of them this consumer reads (assigned to its retry-lane reader)."""
         self._queue_window: tuple[int, ...] = ()
         self._retry_window: tuple[int, ...] = ()
-        self._aligned_to: frozenset[int] | None = None
-        """The queue partitions the retry-lane member last told its group it reads."""
-        self._realign_asked: frozenset[int] | None = None
         self._legacy_done: set[int] = set()
         self._layout_version = -1
         self._given_up = GivenUp()
         try:
-            # Two group members: the queue topic's, and the retry topic's (its own group).
-            # Apart, each can be paused as a whole, and the retry lane is read first.
+            # Two Kafka consumers: the queue group's member, and the retry lane's reader,
+            # which is in no group (see _follow_queue_partitions). Apart, each can be paused
+            # as a whole, and the retry lane is read first.
             self._kc = self._kafka_consumer(self.group_id, self._declaration, 100)
-            self._rc = self._kafka_consumer(
-                f"{self.group_id}.retry",
-                self._retry_declaration,
-                500,
+            self._rc = kafka_clients.consumer(
+                cfg.connection,
                 "retry-consumer",
-                preferred=self._retry_preferred,
+                # Only where its offsets are kept: it never joins this group, so its commits
+                # are a simple consumer's, which the broker takes while the group has no
+                # members (earlier kmq consumers joined it; see "Upgrading" in the README).
+                group_id=f"{self.group_id}.retry",
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                request_timeout_ms=cfg.request_timeout_ms,
+                fetch_max_wait_ms=500,
+                isolation_level="read_committed",  # a transactional tracker's aborted copies
             )
             self._refresh_layout(initial=True)
             self._kc.subscribe([self._topic], listener=self._given_up)
-            self._rc.subscribe([self._retry_topic])
             self._txn: KafkaProducer | None = None
             if config.transactional:
                 self._txn = kafka_clients.producer(
@@ -213,24 +219,14 @@ class Consumer:
         self._thread.start()
 
     def _kafka_consumer(
-        self,
-        group_id: str,
-        declared: Any,
-        fetch_max_wait_ms: int,
-        name: str = "consumer",
-        preferred: Any = None,
+        self, group_id: str, declared: Any, fetch_max_wait_ms: int, name: str = "consumer"
     ) -> KafkaConsumer:
         cfg = self._svc_config
         made: list[KafkaConsumer] = []
         if self.config.rebalance == EAGER:
-            strategy: list[Any] = [
-                LayoutAssignor(declared, preferred=preferred),
-                RangePartitionAssignor,
-            ]
+            strategy: list[Any] = [LayoutAssignor(declared), RangePartitionAssignor]
         else:  # the member tells the leader what it reads, to keep it through a rebalance
-            strategy = [
-                LayoutAssignor(declared, lambda: made[0].assignment() if made else (), preferred)
-            ]
+            strategy = [LayoutAssignor(declared, lambda: made[0].assignment() if made else ())]
         client = kafka_clients.consumer(  # installs kmq.join_fix: a group member
             cfg.connection,
             name,
@@ -359,8 +355,8 @@ class Consumer:
         return self._assigned
 
     def retry_assignment(self) -> frozenset[int]:
-        """Retry-topic partitions this consumer reads now (empty before its retry-lane
-        member joins)."""
+        """Retry-topic partitions this consumer reads now: those that go with its queue-topic
+        partitions (empty before it joins its group)."""
         return frozenset(tp.partition for tp in self._rc.assignment())
 
     def fetching(self) -> frozenset[int]:
@@ -554,25 +550,18 @@ class Consumer:
                     # The retry lane first (at most every few ms: each poll costs the Kafka
                     # client some work): never blocks, paused only when full.
                     now = time.monotonic()
-                    if now >= self._next_retry_poll:
-                        copies = self._whole(
-                            self._rc.poll(
-                                timeout_ms=self._poll_ms(self._rc, 0), max_records=max(1, room)
-                            )
-                        )
+                    if now >= self._next_retry_poll and self._retry_reading:
+                        copies = self._whole(self._rc.poll(timeout_ms=0, max_records=max(1, room)))
                         if copies:
                             self._retry_poll_s = _RETRY_POLL_S
                             self._begin(copies)
                             continue
-                        if self._rc.group_metadata().state == MemberState.STABLE:
-                            self._retry_poll_s = min(2 * self._retry_poll_s, _RETRY_POLL_MAX_S)
-                        else:  # (re)joining its group: as often as ever, so the join settles
-                            self._retry_poll_s = _RETRY_POLL_S
+                        self._retry_poll_s = min(2 * self._retry_poll_s, _RETRY_POLL_MAX_S)
                         self._next_retry_poll = now + self._retry_poll_s
                     if room <= self._reserve and not busy:
                         # The queue topic is paused: wait for the application to settle
-                        # something, not in poll(). (The zero-timeout polls keep both group
-                        # memberships alive meanwhile.)
+                        # something, not in poll(). (The zero-timeout polls keep the group
+                        # membership alive meanwhile.)
                         held = self._kc.poll(timeout_ms=self._poll_ms(self._kc, 0), max_records=1)
                         if held:
                             self._unread(held)
@@ -652,7 +641,6 @@ class Consumer:
             self._next_layout_check = now + _LAYOUT_CHECK_S
             self._refresh_layout()
             self._check_legacy()
-            self._realign()
 
     def _wait_for_room(self, above: int, timeout_s: float) -> None:
         with self._room_freed:
@@ -680,13 +668,30 @@ class Consumer:
         kept fetching), except those finished with for good."""
         assigned = self._kc.assignment()
         self._assigned = frozenset(tp.partition for tp in assigned)
+        self._follow_queue_partitions()
         self._continuity.keep_only(assigned | self._rc.assignment())
         if room <= self._reserve:
             want = set(assigned)
         else:
             want = {tp for tp in assigned if tp.partition in self._legacy_done}
         self._set_paused(self._kc, want)
-        self._set_paused(self._rc, set(self._rc.assignment()) if room <= 0 else set())
+        if self._retry_reading:
+            self._set_paused(self._rc, set(self._rc.assignment()) if room <= 0 else set())
+
+    def _follow_queue_partitions(self) -> None:
+        """Read the retry-topic partitions that go with the queue partitions this consumer
+        owns now (:func:`kmq.layout.retry_reads`), by ``assign()``: the retry lane has no
+        group of its own to rebalance, so it keeps being read while the queue's group
+        rebalances, and a killed holder's copies, which the tracker sends to the retry
+        partition of another queue partition, reach a live consumer at once."""
+        want = retry_reads(self._queue_window, self._retry_window, self._retry_read, self._assigned)
+        if want == self._retry_reading:
+            return
+        self._retry_reading = frozenset(want)
+        # assign() keeps the position of a partition it keeps; an empty one unsubscribes.
+        self._rc.assign([TP(self._retry_topic, p) for p in sorted(want)])
+        self._retry_poll_s = _RETRY_POLL_S
+        self._next_retry_poll = 0.0
 
     @staticmethod
     def _set_paused(client: KafkaConsumer, want: set[TopicPartition]) -> None:
@@ -702,34 +707,6 @@ class Consumer:
     def _declaration(self) -> dict[str, list[int]]:
         """What this member asks its group's leader for (see kmq.assignor)."""
         return {self._topic: sorted(self._declared)}
-
-    def _retry_declaration(self) -> dict[str, list[int]]:
-        return {self._retry_topic: sorted(self._declared_retry)}
-
-    def _retry_preferred(self) -> dict[str, set[int]]:
-        """The retry-lane partitions that go with the queue partitions this consumer reads
-        (asked on kafka-python's IO thread at each join of the retry lane's group). The
-        tracker sends a copy to another consumer's, so a killed holder's copies do not wait
-        for the group to notice it."""
-        owned = frozenset(tp.partition for tp in self._kc.assignment())
-        self._aligned_to = owned
-        return {self._retry_topic: mirrored(self._queue_window, self._retry_window, owned)}
-
-    def _realign(self) -> None:
-        """Once the queue partitions this consumer reads have changed since the retry lane's
-        group last heard, and its retry-lane partitions no longer go with them, ask that
-        group to rebalance (once per change)."""
-        owned = frozenset(tp.partition for tp in self._kc.assignment())
-        if owned in (self._aligned_to, self._realign_asked):
-            return
-        want = mirrored(self._queue_window, self._retry_window, owned)
-        if want == {tp.partition for tp in self._rc.assignment()}:
-            return
-        stable = MemberState.STABLE
-        if self._kc.group_metadata().state != stable or self._rc.group_metadata().state != stable:
-            return
-        self._realign_asked = owned
-        request_rejoin(self._rc)
 
     def _refresh_layout(self, *, initial: bool = False) -> None:
         """Follow the queue's layout: rejoin the group when it gains partitions."""
@@ -748,14 +725,12 @@ class Consumer:
                 self._legacy_done.add(partition)
             else:
                 declared.add(partition)
-        retry = set(self._svc.read_partitions(self.queue, self._retry_topic))
+        self._retry_read = frozenset(self._svc.read_partitions(self.queue, self._retry_topic))
         self._queue_window = self._svc.write_partitions(self.queue)
         self._retry_window = self._svc.write_partitions(self.queue, self._retry_topic)
         self._read = read
         grew = not set(declared) <= self._declared
-        grew_retry = not retry <= self._declared_retry
         self._declared = frozenset(declared)
-        self._declared_retry = frozenset(retry)
         if initial:
             return
         if grew:
@@ -763,9 +738,6 @@ class Consumer:
                      self.queue, sorted(declared))  # fmt: skip
             self._kc.unsubscribe()
             self._kc.subscribe([self._topic], listener=self._given_up)
-        if grew_retry:
-            self._rc.unsubscribe()
-            self._rc.subscribe([self._retry_topic])
 
     def _check_legacy(self) -> None:
         for tp in self._kc.assignment():

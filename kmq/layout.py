@@ -86,14 +86,36 @@ def mirrored(
 ) -> set[int]:
     """The retry-lane partitions that go with the queue partitions ``owned``: the j-th
     partition of the retry window goes with the (j mod n)-th of the queue window (of n).
-    A queue's consumers prefer to read exactly these (:mod:`kmq.assignor`), so the tracker
-    knows which retry-lane partition a holder reads, and can send a copy elsewhere."""
+    A queue's consumer reads exactly these (:func:`retry_reads`), so the tracker knows
+    which retry-lane partition a holder reads, and can send a copy elsewhere."""
     if not queue_window:
         return set()
     return {
         partition
         for j, partition in enumerate(retry_window)
         if queue_window[j % len(queue_window)] in owned
+    }
+
+
+def retry_reads(
+    queue_window: Sequence[int],
+    retry_window: Sequence[int],
+    retry_read: Collection[int],
+    owned: Collection[int],
+) -> set[int]:
+    """The retry-topic partitions read by the consumer that owns the queue partitions
+    ``owned``: of ``retry_read`` (all the queue must read), those of the retry window that go
+    with them (:func:`mirrored`), and of the others (records of the old layout) those whose
+    number, modulo the queue window's size, picks an owned one. So while every partition of
+    the queue window has an owner, every partition of ``retry_read`` has exactly one reader."""
+    if not queue_window:
+        return set()
+    width = len(queue_window)
+    index = {partition: j for j, partition in enumerate(retry_window)}
+    return {
+        partition
+        for partition in retry_read
+        if queue_window[index.get(partition, partition) % width] in owned
     }
 
 

@@ -1,5 +1,4 @@
-"""Group rebalances: counting what a member gives up (see ``Consumer.partitions_given_up``),
-and asking a member to rejoin."""
+"""Group rebalances: counting what a member gives up (see ``Consumer.partitions_given_up``)."""
 
 from __future__ import annotations
 
@@ -25,12 +24,3 @@ class GivenUp(ConsumerRebalanceListener):  # type: ignore[misc]
     def on_partitions_lost(self, lost: Collection[Any]) -> None:
         self.count += len(lost)
 
-
-def request_rejoin(consumer: Any) -> bool:
-    """Ask a kafka-python group member to rejoin its group at its next poll (kafka-python
-    has no public call for it). False, and nothing asked, where the client has no such hook."""
-    request = getattr(getattr(consumer, "_coordinator", None), "request_rejoin", None)
-    if request is None:
-        return False
-    request()
-    return True

@@ -8,8 +8,11 @@ import signal
 import time
 from collections.abc import Callable
 
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+
 import kmq
 from kmq.layout import mirrored
+from kmq.records import new_message_id, queue_headers
 from tests.functional.conftest import REDELIVERY_TIMEOUT_S, Broker, Topics, worker_argv
 from tests.functional.helpers import Children, wait_until
 from tracker.daemon import Tracker
@@ -123,3 +126,55 @@ def test_a_killed_holders_copies_reach_a_live_reader_before_its_group_notices(
             "a copy came only after the dead member's partitions moved here: it waited for "
             f"a rebalance ({copies})"
         )
+
+
+def test_the_retry_lane_goes_on_from_where_a_group_member_left_off(
+    broker: Broker, topics: Topics, service: kmq.Service
+) -> None:
+    """Earlier kmq consumers read the retry topic as members of a group of its own,
+    ``<queue group>.retry``. A consumer now reads it by assign(), in no group, keeping its
+    offsets under that same group id: it starts where those members left off, and its own
+    commits land there once they have gone."""
+    retry_window = service.write_partitions("jobs", topics.retry)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, acks="all")
+
+    def copies(value: bytes, count: int) -> list[str]:
+        """Copies as the tracker writes them, over the queue's retry window."""
+        ids = [new_message_id() for _ in range(count)]
+        for i, message_id in enumerate(ids):
+            producer.send(topics.retry, key=b"jobs", value=value, partition=retry_window[i % 2],
+                          headers=queue_headers(message_id, 2, ()))  # fmt: skip
+        producer.flush()
+        return ids
+
+    copies(b"taken before the upgrade", 4)
+    group = f"kmq.{topics.queue}.jobs.retry"
+    old = KafkaConsumer(topics.retry, bootstrap_servers=broker.bootstrap_servers, group_id=group,
+                        enable_auto_commit=False, auto_offset_reset="earliest")  # fmt: skip
+    taken = 0
+    deadline = time.monotonic() + 30
+    while taken < 4 and time.monotonic() < deadline:
+        taken += sum(map(len, old.poll(timeout_ms=500).values()))
+    assert taken == 4, "the old-style member did not read the copies"
+    old.commit()
+    old.close()  # leaves the group: it has no members now
+    fresh = copies(b"after the upgrade", 4)
+    received: list[str] = []
+    with service.queue("jobs").consumer() as consumer:
+        deadline = time.monotonic() + 30
+        while len(received) < len(fresh) and time.monotonic() < deadline:
+            message = consumer.receive(timeout_s=1)
+            if message is not None:
+                received.append(message.id)
+                message.ack()
+        assert consumer.receive(timeout_s=1) is None, "a copy the old member took came again"
+    assert sorted(received) == sorted(fresh)
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
+    try:
+        committed = admin.list_group_offsets({group: None})[group]
+    finally:
+        admin.close()
+    assert {tp.partition: meta.offset for tp, meta in committed.items()
+            if tp.topic == topics.retry and tp.partition in retry_window} == {
+        p: 4 for p in retry_window
+    }, "the consumer's own commits did not land under the old group id"

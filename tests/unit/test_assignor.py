@@ -17,7 +17,6 @@ from kmq.assignor import (
     LayoutAssignor,
     assign,
     decode_declared,
-    decode_preferred,
     encode_declared,
 )
 
@@ -259,12 +258,11 @@ def _rounds(
     members: list[Member],
     partitions_of: dict[str, set[int]],
     owned: Owned,
-    preferred: Owned | None = None,
 ) -> Owned:
     """Three cooperative rounds from ``owned``, checking that none gives a member a partition
     another member still holds; what the members hold after them."""
     for _round in range(3):
-        result = assign(members, partitions_of, owned, preferred)
+        result = assign(members, partitions_of, owned)
         held_before = {tp for tps in owned.values() for tp in tps}
         for member_id, tps in _held(result).items():
             for tp in tps:
@@ -325,96 +323,4 @@ def test_cooperative_assignor_sends_what_it_owns_and_reads_it_back() -> None:
     assert {m: dict(x.assigned_partitions) for m, x in result.items()} == {
         "a": {"t": [1, 2]},
         "b": {"t": [0, 3]},
-    }
-
-
-# -- preferred partitions (a retry lane's reader prefers those of its queue partitions) ------
-
-Preferred = dict[str, list[tuple[str, int]]]
-
-PREFERRED: dict[str, tuple[Owned | None, Preferred, dict[str, dict[str, list[int]]]]] = {
-    "eager-each-gets-what-it-prefers-then-the-rest-evenly": (
-        None,
-        {"a": [("t", 1)], "b": [("t", 0)]},
-        {"a": {"t": [1, 2]}, "b": {"t": [0, 3]}},
-    ),
-    "cooperative-a-preferred-partition-leaves-its-holder-in-two-rounds": (
-        {"a": [("t", 0), ("t", 1)], "b": [("t", 2), ("t", 3)]},
-        {"b": [("t", 0)]},
-        {"a": {"t": [1]}, "b": {"t": [3]}},  # next round 0 goes to b, and 2 to a (even)
-    ),
-    "cooperative-preferred-and-held-stays-even-if-uneven": (
-        {"a": [("t", 0), ("t", 1), ("t", 2)], "b": [("t", 3)]},
-        {"a": [("t", 0), ("t", 1), ("t", 2)]},
-        {"a": {"t": [0, 1, 2]}, "b": {"t": [3]}},
-    ),
-    "two-prefer-one-the-first-in-order-gets-it": (
-        {},
-        {"a": [("t", 0)], "b": [("t", 0), ("t", 1)]},
-        {"a": {"t": [0, 2]}, "b": {"t": [1, 3]}},
-    ),
-}
-
-
-@pytest.mark.parametrize(
-    ("owned", "preferred", "expected"), PREFERRED.values(), ids=PREFERRED.keys()
-)
-def test_preferred_assign(
-    owned: Owned | None, preferred: Preferred, expected: dict[str, dict[str, list[int]]]
-) -> None:
-    members: list[Member] = [("a", {"t"}, None), ("b", {"t"}, None)]
-    assert assign(members, T4, owned, preferred) == expected
-
-
-def test_a_preferred_partition_not_wanted_is_ignored() -> None:
-    members: list[Member] = [("a", {"t"}, {"t": {0}}), ("b", {"t"}, {"t": {1}})]
-    assert assign(members, T4, None, {"a": [("t", 1)]}) == {"a": {"t": [0]}, "b": {"t": [1]}}
-
-
-@SETTINGS
-@given(members_st, existing_st, st.data())
-def test_preferences_never_give_a_held_partition_away_and_win_within_two_rounds(
-    members: list[Member], partitions_of: dict[str, set[int]], data: st.DataObject
-) -> None:
-    ids = [m for m, _, _ in members]
-    every = sorted((t, p) for t, ps in partitions_of.items() for p in ps)
-
-    def draw() -> Owned:
-        return {
-            m: data.draw(st.lists(st.sampled_from(every), unique=True)) if every else []
-            for m in ids
-        }
-
-    owned, preferred = draw(), draw()
-    owned = _rounds(members, partitions_of, owned, preferred)
-    assert owned == _held(assign(members, partitions_of, owned, preferred)), "settled"
-    fresh = _held(assign(members, partitions_of))
-    assert sorted(tp for tps in owned.values() for tp in tps) == sorted(
-        tp for tps in fresh.values() for tp in tps
-    ), "every wanted partition placed once"
-    winner: dict[tuple[str, int], str] = {}
-    for member_id, wanted_by_member, declared in members:
-        for tp in preferred[member_id]:
-            wanted_here = tp[0] in wanted_by_member and (
-                declared is None or tp[1] in declared.get(tp[0], set())
-            )
-            if wanted_here and tp[1] in partitions_of.get(tp[0], set()):
-                winner.setdefault(tp, member_id)
-    for tp, member_id in winner.items():
-        assert tp in owned[member_id], f"{tp} preferred by {member_id} but not given to it"
-
-
-def test_preferences_travel_in_the_user_data() -> None:
-    a = LayoutAssignor(lambda: {"t": {0, 1}}, lambda: (), lambda: {"t": {1}})
-    meta = ConsumerProtocolSubscription.decode(a.metadata({"t"}).encode())
-    assert decode_declared(meta.user_data) == {"t": {0, 1}}
-    assert decode_preferred(meta.user_data) == {("t", 1)}
-    assert decode_preferred(encode_declared({"t": [0]})) == set(), "older members name none"
-    assert decode_preferred(b"junk") == set()
-    b = LayoutAssignor(lambda: {"t": {0, 1}}, lambda: ())
-    meta_b = ConsumerProtocolSubscription.decode(b.metadata({"t"}).encode())
-    result = a.assign(Cluster({"t": {0, 1}}), [member("b", meta_b), member("a", meta)])
-    assert {m: dict(x.assigned_partitions) for m, x in result.items()} == {
-        "a": {"t": [1]},
-        "b": {"t": [0]},
     }

@@ -23,6 +23,7 @@ from kmq.layout import (
     grown,
     mirrored,
     read_partitions,
+    retry_reads,
     write_partitions,
 )
 
@@ -336,3 +337,42 @@ def test_a_copy_never_goes_to_a_partition_its_holder_reads(
         assert away in retry and away not in holder_reads
     readers = [mirrored(queue, retry, {q}) for q in queue]
     assert sorted(p for ps in readers for p in ps) == sorted(retry)
+
+
+RETRY_READS = {
+    "the window only, as mirrored": ((5, 6), (2, 3, 4), {2, 3, 4}, {5}, {2, 4}),
+    "an old-layout partition goes by its number": ((5, 6), (2, 3), {2, 3, 9}, {6}, {3, 9}),
+    "and to the other owner": ((5, 6), (2, 3), {2, 3, 9}, {5}, {2}),
+    "only what the queue reads": ((5, 6), (2, 3), {3}, {5, 6}, {3}),
+    "nothing owned": ((0, 1), (0, 1), {0, 1, 7}, set(), set()),
+    "no queue window": ((), (0, 1), {0, 1}, {0}, set()),
+}
+
+
+@pytest.mark.parametrize(("queue", "retry", "read", "owned", "expected"), RETRY_READS.values(),
+                         ids=RETRY_READS.keys())  # fmt: skip
+def test_retry_reads(
+    queue: tuple[int, ...],
+    retry: tuple[int, ...],
+    read: set[int],
+    owned: set[int],
+    expected: set[int],
+) -> None:
+    assert retry_reads(queue, retry, read, owned) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(windows, windows, st.sets(st.integers(0, 60), max_size=10), st.data())
+def test_every_retry_partition_has_exactly_one_reader(
+    queue: tuple[int, ...], retry: tuple[int, ...], old: set[int], data: st.DataObject
+) -> None:
+    """However the queue window is split among consumers, each retry partition the queue
+    reads (its window and any old-layout ones) is read by exactly one of them."""
+    members = data.draw(st.integers(1, len(queue)))
+    owner = {q: data.draw(st.integers(0, members - 1)) for q in queue}
+    read = set(retry) | old
+    readers = [
+        retry_reads(queue, retry, read, {q for q in queue if owner[q] == m}) for m in range(members)
+    ]
+    assert sorted(p for ps in readers for p in ps) == sorted(read)
+    assert readers[owner[queue[0]]] >= mirrored(queue, retry, {queue[0]})
