@@ -167,6 +167,8 @@ class Consumer:
         self._continuity: Continuity[TopicPartition] = Continuity()
         self._starting: list[tuple[CycleBatch, Flush, frozenset[int]]] = []
         self._committing: list[tuple[CycleBatch, Any]] = []
+        """Batches whose offsets are being committed, with the commit's future (``None``
+        while it waits for the commit in flight on its Kafka consumer: see _send_commits)."""
         self.group_id = config.group_id or f"kmq.{cfg.queue_topic}.{queue.id}"
         self._read: dict[int, int | None] = {}
         self._declared: frozenset[int] = frozenset()
@@ -835,7 +837,7 @@ class Consumer:
         if self._committing:
             still_c: list[tuple[CycleBatch, Any]] = []
             for batch, future in self._committing:
-                if not future.is_done:
+                if future is None or not future.is_done:
                     still_c.append((batch, future))
                     continue
                 if future.failed() and batch.messages:
@@ -846,18 +848,12 @@ class Consumer:
                     )  # fmt: skip
                 self._apply(self._cycle.committed(batch))
             self._committing = still_c
+            self._send_commits()
 
     def _apply(self, actions: Actions[TopicPartition, Message]) -> None:
-        for batch in actions.commit:
-            offsets = {tp: OffsetAndMetadata(o, "", -1) for tp, o in batch.commits.items()}
-            try:
-                future = self._client(next(iter(offsets))).commit_async(offsets)
-            except KafkaError as exc:
-                from kafka.future import Future
-
-                future = Future().failure(exc)
-            future.add_both(self._commit_over)
-            self._committing.append((batch, future))
+        if actions.commit:
+            self._committing.extend((batch, None) for batch in actions.commit)
+            self._send_commits()
         if actions.dropped:
             with self._cond:
                 for message in actions.dropped:
@@ -865,6 +861,38 @@ class Consumer:
         self._seek(actions.seek)
         if actions.hand_out and not self._stop.is_set():
             self._hand_out(actions.hand_out)
+
+    def _send_commits(self) -> None:
+        """Commit the offsets of the batches waiting for it, one commit per Kafka consumer
+        at a time: those that came while one was in flight go together in the next, the
+        later batch's offset winning, so the order of commits is the order of polls.
+        (One commit per batch piled up behind a stalled coordinator, and kafka-python
+        refuses a sixth request in flight on a connection: the commit failed.)"""
+        busy: set[int] = set()
+        waiting: dict[int, tuple[KafkaConsumer, list[int]]] = {}
+        for i, (batch, future) in enumerate(self._committing):
+            client = self._client(next(iter(batch.commits)))
+            if future is not None:
+                if not future.is_done:
+                    busy.add(id(client))
+                continue
+            waiting.setdefault(id(client), (client, []))[1].append(i)
+        for key, (client, indexes) in waiting.items():
+            if key in busy:
+                continue
+            merged: dict[TopicPartition, int] = {}
+            for i in indexes:
+                merged.update(self._committing[i][0].commits)
+            offsets = {tp: OffsetAndMetadata(o, "", -1) for tp, o in merged.items()}
+            try:
+                future = client.commit_async(offsets)
+            except KafkaError as exc:
+                from kafka.future import Future
+
+                future = Future().failure(exc)
+            future.add_both(self._commit_over)
+            for i in indexes:
+                self._committing[i] = (self._committing[i][0], future)
 
     def _commit_over(self, _: object) -> None:
         self._progress.set()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
+from functools import partial
 
 import pytest
 
@@ -114,3 +116,65 @@ def test_synchronous_sends_from_many_threads_all_land(service: kmq.Service) -> N
             got |= {m.id for m in batch}
             consumer.ack_many(batch)
     assert got == set(ids)
+
+
+def test_batches_polled_during_a_slow_commit_share_the_next_one(
+    broker: Broker, topics: Topics, service: kmq.Service
+) -> None:
+    """One offset commit in flight per Kafka consumer: batches polled while it is held up
+    wait, and go together in the next commit (one per batch piled up behind a stalled
+    coordinator, and kafka-python refuses a sixth request in flight). Still nothing is
+    handed out before the commit that covers it is over."""
+    from kafka import KafkaAdminClient, TopicPartition
+    from kafka.future import Future
+
+    q = service.queue("slowcommit")
+    gate = threading.Event()
+    calls: list[dict[TopicPartition, int]] = []
+    held: list[tuple[Future, Future]] = []
+    with q.consumer() as consumer:
+        real = consumer._kc.commit_async
+
+        def slow_commit(offsets: dict[TopicPartition, object]) -> Future:
+            calls.append({tp: meta.offset for tp, meta in offsets.items()})  # type: ignore[attr-defined]
+            inner, outer = real(offsets), Future()
+            if gate.is_set():
+                return inner
+            held.append((inner, outer))
+            return outer
+
+        consumer._kc.commit_async = slow_commit
+        sent = []
+        for i in range(3):
+            sent.append(q.producer().send(b"%d" % i))
+            wait_until(partial(_committing, consumer, i + 1), 20, f"batch {i} polled")
+        assert len(calls) == 1, f"a commit per batch while one was in flight: {calls}"
+        assert consumer.receive(timeout_s=0) is None, "handed out before its commit was over"
+        gate.set()
+        for inner, outer in held:
+            wait_until(partial(getattr, inner, "is_done"), 20, "the held commit")
+            if inner.succeeded():
+                outer.success(inner.value)
+            else:
+                outer.failure(inner.exception)
+        got: list[kmq.Message] = []
+        deadline = time.monotonic() + 20
+        while len(got) < 3 and time.monotonic() < deadline:
+            message = consumer.receive(timeout_s=1)
+            if message is not None:
+                got.append(message)
+                message.ack()
+        assert sorted(m.id for m in got) == sorted(sent)
+        assert len(calls) == 2, f"the waiting batches were not committed together: {calls}"
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
+    try:
+        committed = admin.list_group_offsets({consumer.group_id: None})[consumer.group_id]
+    finally:
+        admin.close()
+    per_partition = Counter(m.partition for m in got)
+    assert {tp.partition: meta.offset for tp, meta in committed.items()
+            if tp.topic == topics.queue} == dict(per_partition)  # fmt: skip
+
+
+def _committing(consumer: kmq.Consumer, batches: int) -> bool:
+    return len(consumer._committing) == batches
