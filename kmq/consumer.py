@@ -185,7 +185,7 @@ class Consumer:
             # Two Kafka consumers: the queue group's member, and the retry lane's reader,
             # which is in no group (see _follow_queue_partitions). Apart, each can be paused
             # as a whole, and the retry lane is read first.
-            self._kc = self._kafka_consumer(self.group_id, self._declaration, 100)
+            self._kc = self._queue_group_member()
             self._rc = kafka_clients.consumer(
                 cfg.connection,
                 "retry-consumer",
@@ -220,10 +220,9 @@ class Consumer:
         )
         self._thread.start()
 
-    def _kafka_consumer(
-        self, group_id: str, declared: Any, fetch_max_wait_ms: int, name: str = "consumer"
-    ) -> KafkaConsumer:
+    def _queue_group_member(self) -> KafkaConsumer:
         cfg = self._svc_config
+        declared = self._declaration
         made: list[KafkaConsumer] = []
         if self.config.rebalance == EAGER:
             strategy: list[Any] = [LayoutAssignor(declared), RangePartitionAssignor]
@@ -231,14 +230,14 @@ class Consumer:
             strategy = [LayoutAssignor(declared, lambda: made[0].assignment() if made else ())]
         client = kafka_clients.consumer(  # installs kmq.join_fix: a group member
             cfg.connection,
-            name,
-            group_id=group_id,
+            "consumer",
+            group_id=self.group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             session_timeout_ms=cfg.session_timeout_ms,
             heartbeat_interval_ms=max(100, cfg.session_timeout_ms // 4),
             request_timeout_ms=max(cfg.request_timeout_ms, cfg.session_timeout_ms + 5000),
-            fetch_max_wait_ms=fetch_max_wait_ms,
+            fetch_max_wait_ms=100,
             isolation_level="read_committed",  # a transactional tracker's aborted copies
             partition_assignment_strategy=strategy,
         )

@@ -110,12 +110,9 @@ def retry_reads(
     the queue window has an owner, every partition of ``retry_read`` has exactly one reader."""
     if not queue_window:
         return set()
-    width = len(queue_window)
-    index = {partition: j for j, partition in enumerate(retry_window)}
-    return {
-        partition
-        for partition in retry_read
-        if queue_window[index.get(partition, partition) % width] in owned
+    outside = set(retry_read) - set(retry_window)
+    return (mirrored(queue_window, retry_window, owned) & set(retry_read)) | {
+        partition for partition in outside if queue_window[partition % len(queue_window)] in owned
     }
 
 
