@@ -32,8 +32,9 @@ class TrackerConfig:
     """Lease used for markers whose own is missing or absurd."""
     session_timeout_ms: int = 10_000
     rebalance: str = EAGER
-    """``"eager"``: every replica gives up (and later replays) every partition at every
-    rebalance. ``"cooperative"``: a replica joining, leaving or dying moves only the markers
+    """``"eager"`` (sticky): every replica gives up every partition at every rebalance, but
+    keeps reading and redelivering from them until the next assignment, which mostly gives
+    them back. ``"cooperative"``: a replica joining, leaving or dying moves only the markers
     partitions that must move. Not the default: eager and cooperative replicas cannot share
     a group, and it has had too few full chaos runs (see the README)."""
     request_timeout_ms: int = 30_000

@@ -1,4 +1,5 @@
-"""The tracker's loop: reads markers through a consumer group into one
+"""The tracker's loop: owns markers partitions through a consumer group, reads them apart
+from it (by ``assign()``, so reading goes on while the group rebalances) into one
 :class:`tracker.state.PartitionState` per owned partition, probes how far it has read,
 re-reads due deliveries' records (:mod:`tracker.reread`) and redelivers them in one fenced
 transaction per markers partition (:mod:`tracker.redeliver`, :mod:`tracker.fencing`),
@@ -19,6 +20,7 @@ from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
 from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 from kafka.errors import (
     KafkaConnectionError,
     KafkaError,
@@ -60,6 +62,7 @@ class Tracker:
     blocks until :meth:`stop` is called."""
 
     _kc: KafkaConsumer
+    _mc: KafkaConsumer
     _reader: KafkaConsumer
     _producer: KafkaProducer
     _pauses: ControlWatcher
@@ -73,6 +76,14 @@ class Tracker:
         self._caught_up = threading.Event()
         self._committed: dict[int, int] = {}
         self._fresh: set[int] = set()  # assigned, first batch not read yet
+        self._kept: set[int] = set()
+        """Given up by an eager rebalance, still read and redelivered from (fenced if
+        another replica claims them) until the group's next assignment says which stay."""
+        self._reclaim: set[int] = set()
+        """Kept through a rebalance and assigned again: claim them again, and wait for a
+        probe written since, before the next redelivery from them."""
+        self._reading: set[int] = set()  # what the markers reader is assigned
+        self._seek: set[int] = set()  # new states: start the markers reader at their position
         self._next_commit = 0.0
         self._next_stats = time.monotonic() + config.stats_interval_s
         self._nonce = random.getrandbits(32)
@@ -124,12 +135,26 @@ class Tracker:
             partition_assignment_strategy=(
                 [CooperativeStickyAssignor]
                 if config.rebalance == COOPERATIVE
-                else [RangePartitionAssignor, RoundRobinPartitionAssignor]  # kafka-python's
+                # Sticky first, so a replica keeps what it had when another one comes or
+                # goes; range and round robin so replicas of kmq before it can share the group.
+                else [StickyPartitionAssignor, RangePartitionAssignor, RoundRobinPartitionAssignor]
             ),
         )
         opened.append(lambda: self._kc.close(autocommit=False))
         self._listener = _Listener()
         self._kc.subscribe([config.marker_topic], listener=self._listener)
+        # The group member fetches nothing (its partitions stay paused): kafka-python fetches
+        # nothing for a group while it rebalances, and a replica that keeps its partitions
+        # through a rebalance must keep reading them. This one, in no group, reads them.
+        self._mc = kafka_clients.consumer(
+            conn,
+            "markers",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            fetch_max_wait_ms=100,
+        )
+        opened.append(self._mc.close)
         self._pauses = ControlWatcher(conn, config.control_topic)
         opened.append(self._pauses.close)
         self._reader = kafka_clients.consumer(
@@ -305,9 +330,16 @@ class Tracker:
 
     def _round(self) -> None:
         self._rebalanced()
-        records = self._kc.poll(timeout_ms=self.config.poll_timeout_ms, max_records=5000)
+        # Membership only (heartbeats, joins, the listener); what it fetches is dropped.
+        self._kc.poll(timeout_ms=0 if self._states else self.config.poll_timeout_ms)
         self._rebalanced()
         self._retake_fenced()
+        self._follow_states()
+        records = (
+            self._mc.poll(timeout_ms=self.config.poll_timeout_ms, max_records=5000)
+            if self._reading
+            else {}
+        )
         now = time.monotonic()
         for tp, batch in records.items():
             state = self._states.get(tp.partition)
@@ -316,8 +348,8 @@ class Tracker:
             if tp.partition in self._fresh:
                 self._fresh.discard(tp.partition)
                 if state.position is not None and batch[0].offset > state.position:
-                    # Fetched before a revoke and re-assign: read from the commit point again.
-                    self._kc.seek(tp, state.position)
+                    # Fetched before the seek to where its state starts: read from there.
+                    self._mc.seek(tp, state.position)
                     continue
             for record in batch:
                 state.on_record(record.offset, record.value, now)
@@ -327,11 +359,32 @@ class Tracker:
         self._commit(force=False)
         self._log_stats()
 
+    def _follow_states(self) -> None:
+        """Have the markers reader read exactly the partitions with a state, each new one
+        from its state's position, and keep the group member from fetching."""
+        topic = self.config.marker_topic
+        want = set(self._states)
+        if want != self._reading:
+            self._mc.assign([TopicPartition(topic, p) for p in sorted(want)])
+            self._seek |= want - self._reading
+            self._reading = want
+        for partition in sorted(self._seek & want):
+            tp = TopicPartition(topic, partition)
+            position = self._states[partition].position
+            if position is None:
+                self._mc.seek_to_beginning(tp)
+            else:
+                self._mc.seek(tp, position)
+        self._seek.clear()
+        fetching = set(self._kc.assignment()) - set(self._kc.paused())
+        if fetching:
+            self._kc.pause(*fetching)
+
     def _sync_offsets(self) -> None:
         for partition, state in list(self._states.items()):
             tp = TopicPartition(self.config.marker_topic, partition)
             try:
-                position = self._kc.position(tp)
+                position = self._mc.position(tp)
             except KafkaError as exc:
                 self._trouble(exc, "partition %d: position unknown yet", partition)
                 continue
@@ -341,7 +394,7 @@ class Tracker:
                 # Past the last record it handed us: transaction markers (every redelivery
                 # round ends with one) take offsets too.
                 state.skip_to(position)
-            highwater = self._kc.highwater(tp)
+            highwater = self._mc.highwater(tp)
             if highwater is not None:
                 state.set_end_offset(highwater)  # the first one only: the replay gate
                 state.highwater = highwater
@@ -380,6 +433,8 @@ class Tracker:
         for partition, state in self._states.items():
             if len(due) >= budget:
                 break
+            if partition in self._reclaim and not self._claim_again(partition, state):
+                continue
             if self._writers.get(partition) is None and not self._writers.claim(partition):
                 continue  # not fenced in yet: it must not redeliver from this partition
             due.extend(state.due(now, budget - len(due)))
@@ -416,6 +471,26 @@ class Tracker:
         for partition, copies in by_partition.items():
             self._redeliver_partition(partition, copies)
 
+    def _claim_again(self, partition: int, state: PartitionState) -> bool:
+        """Claim a partition kept through a rebalance anew (whoever claimed it in between
+        is fenced), and act on none of its deadlines until a probe written after the claim
+        is read back, so every redelivery committed before the claim has been read too.
+        False: try again next round."""
+        self._writers.release(partition, timeout_s=0.0)
+        if not self._writers.claim(partition):
+            return False
+        state.regate(random.getrandbits(32))
+        self._reclaim.discard(partition)
+        return True
+
+    def _owned_now(self, partition: int) -> bool:
+        """Whether the group gives this replica ``partition`` in a settled generation, so
+        an offset commit for it can be accepted (partitions kept through a rebalance are
+        not)."""
+        if self._kc.group_metadata().state != MemberState.STABLE:
+            return False
+        return TopicPartition(self.config.marker_topic, partition) in self._kc.assignment()
+
     def _redeliver_partition(self, partition: int, copies: list[Copy]) -> None:
         """One transaction: the copies, their markers, and the commit that skips them."""
         state = self._states.get(partition)
@@ -423,6 +498,8 @@ class Tracker:
         if state is None or txn is None:
             return
         offset = state.commit_offset(c.due.start_offset for c in copies)
+        if not self._owned_now(partition):
+            offset = None  # committed later, once the group has settled
         tp = TopicPartition(self.config.marker_topic, partition)
         offsets = {tp: OffsetAndMetadata(offset, "", -1)} if offset is not None else {}
         try:
@@ -461,6 +538,8 @@ class Tracker:
         self._writers.release(partition)
         self._committed.pop(partition, None)
         self._fresh.discard(partition)
+        self._kept.discard(partition)
+        self._reclaim.discard(partition)
         self._fence_watch.fenced(partition, self._kc.group_metadata().generation_id)
 
     def _retake_fenced(self) -> None:
@@ -483,15 +562,9 @@ class Tracker:
             meta.generation_id,
         )
         self._retired["partitions_retaken"] += len(back)
+        # Its records may have been read and skipped while it was dropped: _on_assigned
+        # has the markers reader start again where the new state starts.
         self._on_assigned(back)
-        for partition in back:
-            # Its records were fetched and skipped while it was dropped: read them again.
-            tp = TopicPartition(topic, partition)
-            position = self._states[partition].position
-            if position is None:
-                self._kc.seek_to_beginning(tp)
-            else:
-                self._kc.seek(tp, position)
 
     def _partitions_of(self, topic: str, queue: str) -> tuple[int, ...]:
         """Where ``queue``'s records go on ``topic``: its layout there."""
@@ -538,7 +611,9 @@ class Tracker:
             return
         self._next_commit = now + self.config.commit_interval_s
         offsets: dict[TopicPartition, OffsetAndMetadata] = {}
-        for partition in partitions if partitions is not None else list(self._states):
+        if partitions is None:
+            partitions = [p for p in self._states if self._owned_now(p)]
+        for partition in partitions:
             state = self._states.get(partition)
             offset = state.commit_offset() if state is not None else None
             if offset is not None and self._committed.get(partition) != offset:
@@ -568,6 +643,7 @@ class Tracker:
         finally:
             try:
                 self._kc.close(autocommit=False)
+                self._mc.close()
                 self._reader.close()
                 self._pauses.close()
             finally:
@@ -591,21 +667,39 @@ class Tracker:
             return
         # May fail (the group has moved on): the next owner then replays a little more.
         self._commit(force=True, partitions=partitions)
+        if self.config.rebalance != COOPERATIVE:
+            # Eager: every replica gives up everything at every rebalance, to get most of
+            # it back. Until the assignment says, go on reading and redelivering: a replica
+            # given one of these claims it first, and that fences this one.
+            self._kept.update(partitions)
+            log.info("rebalancing: keeping partitions %s until the next assignment",
+                     sorted(partitions))  # fmt: skip
+            return
+        self._drop(partitions)
+
+    def _drop(self, partitions: list[int]) -> None:
         for partition in partitions:
             self._fresh.discard(partition)
+            self._reclaim.discard(partition)
             state = self._states.pop(partition)
             self._retired.update(state.stats)
             self._committed.pop(partition, None)
             self._writers.release(partition)
-        self._caught_up.clear()
         self._retired["partitions_revoked"] += len(partitions)
         log.info("revoked partitions %s", sorted(partitions))
 
     def _on_assigned(self, assigned: list[int]) -> None:
+        """``assigned``: the whole assignment (eager), or what it gained (cooperative)."""
         self._assignment_known = True
+        kept, self._kept = self._kept, set()
+        gone = sorted(p for p in kept - set(assigned) if p in self._states)
+        if gone:
+            self._drop(gone)
         for partition in assigned:
             self._fence_watch.forget(partition)
             if partition in self._states:
+                if partition in kept:
+                    self._reclaim.add(partition)
                 continue
             state = self._states[partition] = PartitionState(
                 partition,
@@ -621,6 +715,7 @@ class Tracker:
             if committed is not None:
                 state.set_position(committed)
             self._fresh.add(partition)
+            self._seek.add(partition)
         self._caught_up.clear()
         log.info("assigned partitions %s", self.partitions())
 

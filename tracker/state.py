@@ -141,6 +141,14 @@ class PartitionState:
         if self.end_offset is None:
             self.end_offset = end
 
+    def regate(self, nonce: int) -> None:
+        """Claimed again after a rebalance it was kept through: another replica may have
+        redelivered from it in between. Act on no deadline until a PROBE written after the
+        claim is read back: those carry the new ``nonce``, so earlier ones no longer count."""
+        self.probe_nonce = nonce
+        self.horizon = float("-inf")
+        self._probe_sent_at = None
+
     @property
     def replaying(self) -> bool:
         """True until everything that was in the partition at assignment has been read."""

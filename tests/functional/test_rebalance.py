@@ -1,13 +1,18 @@
-"""Cooperative rebalancing: a member joining or leaving a queue's group, or a tracker
-replica joining or leaving the trackers' group, does not stop the members already reading."""
+"""Rebalancing: a member joining or leaving a queue's group, or a tracker replica joining,
+leaving or freezing in the trackers' group, does not stop the members already reading."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import time
 
 import kmq
-from tests.functional.conftest import RunningTracker
-from tests.functional.helpers import wait_until
+from kmq.dev.embedded import free_port
+from kmq.marker_writer import marker_partition
+from tests.functional.conftest import RunningTracker, tracker_argv
+from tests.functional.helpers import Children, get, parse_metrics, total, wait_until
 from tracker.config import TrackerConfig
 
 PARTITIONS = 2  # the topics fixture's queue and markers topics; a queue's window is both
@@ -71,4 +76,61 @@ def test_a_tracker_replica_joining_and_leaving_moves_only_what_it_must(
         wait_until(lambda: first.tracker.partitions() == everything, 30, "all back to the first")
         assert first.tracker.stats()["partitions_revoked"] == moved
     finally:
+        first.stop()
+
+
+def test_a_tracker_replica_redelivers_from_its_partitions_while_the_group_rebalances(
+    service: kmq.Service, tracker_config: TrackerConfig, children: Children
+) -> None:
+    """An eager rebalance takes every markers partition from every replica, and it can wait
+    a session timeout for a dead member (kafka-python fetches nothing for a group
+    meanwhile). Here one waits for a frozen replica's 30 s session: the replica already there
+    keeps reading its partition and redelivers the messages nacked on it all the while."""
+    first = RunningTracker(tracker_config)
+    extra: list[RunningTracker] = []
+    try:
+        wait_until(lambda: first.tracker.partitions() == [0, 1], 30, "one replica owning both")
+        port = free_port()
+        slow = dataclasses.replace(tracker_config, session_timeout_ms=30_000)
+        frozen = children.python("tracker-frozen", *tracker_argv(slow, port))
+
+        def shared() -> bool:
+            status, body = get(port, "/metrics")
+            theirs = total(parse_metrics(body), "kmq_tracker_partitions_assigned")
+            view = first.tracker.view()
+            return status == 200 and theirs == 1 and len(view.partitions) == 1
+        wait_until(shared, 30, "each replica to own one markers partition")
+        wait_until(lambda: first.tracker.view().group_stable, 10, "the group to settle")
+        [mine] = first.tracker.partitions()
+
+        q = service.queue("jobs")
+        producer = q.producer()
+        sent = [producer.send(b"%d" % i) for i in range(16)]
+        ours = {m for m in sent if marker_partition(m, PARTITIONS) == mine}
+        assert ours, "some of the 16 have their markers on this replica's partition"
+        with q.consumer(max_in_flight=64) as consumer:  # above the retry reserve
+            held: list[kmq.Message] = []
+            deadline = time.monotonic() + 30
+            while len(held) < len(sent) and time.monotonic() < deadline:
+                msg = consumer.receive(timeout_s=0.2)
+                if msg is not None:
+                    held.append(msg)
+            assert {m.id for m in held} == set(sent)
+
+            os.kill(frozen.pid, signal.SIGSTOP)
+            extra.append(RunningTracker(tracker_config))  # its join starts a rebalance
+            wait_until(lambda: not first.tracker.view().group_stable, 20, "the rebalance")
+            for msg in held:
+                msg.nack(delay_s=0)
+            wait_until(
+                lambda: first.tracker.stats()["redeliveries"] >= len(ours),
+                20,
+                "the nacked messages of its partition to be redelivered",
+            )
+            assert not first.tracker.view().group_stable, "all while the group rebalanced"
+            assert first.tracker.partitions() == [mine]
+            assert first.tracker.stats()["redeliveries"] == len(ours), "only its own"
+    finally:
+        for running in extra:
+            running.stop()
         first.stop()

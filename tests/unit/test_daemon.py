@@ -1,12 +1,15 @@
-"""The tracker's decisions around fencing (tracker.daemon.Tracker), with stubs for Kafka.
+"""The tracker's decisions around fencing and rebalances (tracker.daemon.Tracker), with stubs
+for Kafka.
 
 The Tracker constructor connects to Kafka, so these tests build one with ``__new__`` and set
-only what ``_redeliver``, ``_redeliver_partition`` and ``_fenced`` use: the states, a real
-PartitionWriters over stub transactional producers, a real Redeliverer, and stubs for the
-group consumer (group_metadata), the record reader and the pause table."""
+only what ``_redeliver``, ``_redeliver_partition``, ``_fenced`` and the rebalance handlers
+use: the states, a real PartitionWriters over stub transactional producers, a real
+Redeliverer, and stubs for the group consumer and markers reader (one object), the record
+reader and the pause table."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import Counter
@@ -53,6 +56,9 @@ class StubGroupConsumer:
         self.assigned: set[int] = set()
         self.committed_at: dict[int, int] = {}
         self.seeks: list[tuple[int, int | None]] = []
+        self.reading: set[int] = set()
+        self.commits: list[dict[int, int]] = []
+        self.paused_tps: set[TopicPartition] = set()
 
     def group_metadata(self) -> ConsumerGroupMetadata:
         return self.metadata
@@ -68,6 +74,20 @@ class StubGroupConsumer:
 
     def seek_to_beginning(self, tp: TopicPartition) -> None:
         self.seeks.append((tp.partition, None))
+
+    def commit(self, offsets: dict[TopicPartition, Any]) -> None:
+        self.commits.append({tp.partition: meta.offset for tp, meta in offsets.items()})
+
+    # The markers reader (the same stub): what it reads, and the group member's pauses.
+    def assign(self, tps: list[TopicPartition]) -> None:
+        self.reading = {tp.partition for tp in tps}
+
+    def paused(self) -> set[TopicPartition]:
+        return set(self.paused_tps)
+
+    def pause(self, *tps: TopicPartition) -> None:
+        self.paused_tps |= set(tps)
+
 
 
 class StubPauses:
@@ -145,7 +165,12 @@ class Harness:
         t._committed = {p: 5 for p in partitions}
         t._fresh = set()
         t._writers = self.writers
-        self.group = t._kc = StubGroupConsumer()
+        self.group = t._kc = t._mc = StubGroupConsumer()
+        self.group.assigned = set(partitions)
+        t._kept = set()
+        t._reclaim = set()
+        t._reading = set(partitions)
+        t._seek = set()
         t._fence_watch = FenceWatch()
         t._caught_up = threading.Event()
         t._nonce = 7
@@ -351,6 +376,7 @@ def test_a_fenced_partition_the_group_gives_back_is_taken_up_again() -> None:
     t._retake_fenced()
     assert t.partitions() == [0, 1]
     assert h.writers.get(1) is h.producers.last(1) and len(h.producers.made[1]) == 2
+    t._follow_states()
     assert h.group.seeks == [(1, 11)] and t._states[1].position == 11
     assert t.stats()["partitions_retaken"] == 1 and t.stats()["fenced"] == 1
 
@@ -372,3 +398,96 @@ def test_a_fenced_partition_the_group_moves_away_is_not_taken_up() -> None:
         h.tracker._retake_fenced()
     assert h.tracker.partitions() == [] and h.group.seeks == []
     assert len(h.producers.made[0]) == 1, "never claimed again"
+
+
+REBALANCING = GROUP_METADATA._replace(generation_id=-1, state=MemberState.REBALANCING)
+
+
+def test_an_eager_rebalance_keeps_reading_and_redelivering_until_the_assignment() -> None:
+    """An eager rebalance takes every partition from every replica, mostly to give them
+    back, and can last a session timeout and more. Until the next assignment the replica
+    keeps its partitions: it still redelivers from them (fenced if another replica claims
+    one), with no offset commit in the transaction, as the group has no settled generation."""
+    h = Harness(partitions=(0, 1))
+    h.claim(0, 1)
+    t = h.tracker
+    t._on_revoked([0, 1])
+    assert h.group.commits == [{0: 10, 1: 10}], "what is settled is committed at the revoke"
+    h.group.assigned = set()
+    h.group.metadata = REBALANCING
+    assert t.partitions() == [0, 1] and t._kept == {0, 1}
+    t._redeliver()
+    for p in (0, 1):
+        txn = h.producers.last(p)
+        assert h.states[p].stats["redeliveries"] == 1 and h.states[p].in_flight == 0
+        assert txn.offsets == [] and txn.calls[-1] == "commit_transaction"
+    t._commit(force=True)
+    assert h.group.commits == [{0: 10, 1: 10}], "nothing committed while unsettled"
+    assert t.stats()["partitions_revoked"] == 0
+
+
+def test_kept_partitions_assigned_again_are_claimed_again_and_the_rest_dropped() -> None:
+    h = Harness(partitions=(0, 1))
+    h.claim(0, 1)
+    before = h.producers.last(0)
+    t = h.tracker
+    t._on_revoked([0, 1])
+    h.group.assigned = {0}
+    t._on_assigned([0])
+    assert t.partitions() == [0] and t.stats()["partitions_revoked"] == 1
+    assert h.producers.last(1).closed_with, "the partition given away is let go"
+    t._redeliver()
+    assert h.producers.last(0) is not before and before.closed_with == [0.0], "claimed again"
+    state = h.states[0]
+    # Another replica may have redelivered from partition 0 before the claim: nothing is
+    # due until a probe written since the claim is read back, and older ones do not count.
+    assert state.stats["redeliveries"] == 0 and state.probe_nonce is not None
+    now = time.monotonic()
+    stale = (int(MarkerType.PROBE), 0, 0, int(now * 1000), state.probe_nonce ^ 1, 0, 0, 0)
+    state.on_record(11, encode_entries([stale], []), now)
+    t._redeliver()
+    assert state.stats["redeliveries"] == 0 and state.stats["foreign_probe"] == 1
+    assert state.probe_needed(now)
+    probe = state.probe(now)
+    state.on_record(12, encode_entries([probe], []), now)
+    t._redeliver()
+    assert state.stats["redeliveries"] == 1 and t._reclaim == set()
+    assert len(h.producers.made[0]) == 2, "one claim again, not one per round"
+
+
+def test_a_kept_partition_that_cannot_be_claimed_again_redelivers_nothing() -> None:
+    h = Harness(partitions=(0,))
+    h.claim(0)
+    t = h.tracker
+    t._on_revoked([0])
+    t._on_assigned([0])
+    h.producers.fail[0] = {"init_transactions": KafkaTimeoutError("no coordinator")}
+    t._redeliver()
+    assert h.states[0].stats["redeliveries"] == 0 and t._reclaim == {0}
+    h.producers.fail[0] = {}
+    t._redeliver()
+    assert t._reclaim == set() and h.writers.get(0) is h.producers.last(0)
+    assert h.states[0].probe_needed(time.monotonic()), "and then waits for a probe"
+
+
+def test_a_cooperative_revoke_gives_the_partition_up_at_once() -> None:
+    h = Harness(partitions=(0, 1))
+    t = h.tracker
+    t.config = dataclasses.replace(CONFIG, rebalance="cooperative")
+    h.claim(0, 1)
+    t._on_revoked([1])
+    assert t.partitions() == [0] and t._kept == set()
+    assert t.stats()["partitions_revoked"] == 1 and h.writers.claimed() == {0}
+
+
+def test_the_markers_reader_follows_the_states_and_the_group_member_fetches_nothing() -> None:
+    h = Harness(partitions=(0, 1))
+    t = h.tracker
+    h.group.committed_at[2] = 7
+    t._on_assigned([0, 1, 2])
+    t._follow_states()
+    assert h.group.reading == {0, 1, 2} and h.group.seeks == [(2, 7)], "only the new one"
+    assert h.group.paused_tps == h.group.assignment() != set()
+    t._fenced(1)
+    t._follow_states()
+    assert h.group.reading == {0, 2} and h.group.seeks == [(2, 7)]

@@ -1225,6 +1225,24 @@ def test_reading_an_older_probe_leaves_the_newer_outstanding() -> None:
     assert [d.delivery for d in state.due(10.8)] == [LATER]
 
 
+def test_claimed_again_only_a_probe_sent_since_opens_the_gate() -> None:
+    """A partition kept through a rebalance and claimed again: another replica may have
+    redelivered from it in between, after this replica's last probe. Only a probe written
+    after the claim (under the new nonce) proves those redeliveries have been read."""
+    state = probing()
+    feed(state, marker(S), 0)
+    state.probe(LEASE_S)
+    feed(state, probe_record(int(LEASE_S * 1000)), LEASE_S + 0.1)
+    assert state.horizon == LEASE_S
+    state.regate(OTHER_NONCE)
+    assert state.horizon == MINUS_INF and state.due(LEASE_S + 0.2) == []
+    feed(state, probe_record(int(LEASE_S * 1000) + 150), LEASE_S + 0.2)  # sent before
+    assert state.due(LEASE_S + 0.3) == [] and state.stats["foreign_probe"] == 1
+    assert state.probe_needed(LEASE_S + 0.3), "a new probe goes out at once"
+    feed(state, encode_entries([state.probe(LEASE_S + 0.3)], []), LEASE_S + 0.4)
+    assert steps(state.due(LEASE_S + 0.4)) == [EXPIRED]
+
+
 def test_no_probes_while_replaying() -> None:
     state = PartitionState(PARTITION, default_lease_s=DEFAULT_LEASE_S, probe_nonce=NONCE)
     state.set_position(0)
