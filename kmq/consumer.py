@@ -46,9 +46,10 @@ from kmq.errors import (
 )
 from kmq.layout import retry_reads
 from kmq.leases import Actions, Batch, BatchCycle, Leases
-from kmq.marker_writer import Flush, MarkerWriter
+from kmq.marker_writer import Flush, Headers, MarkerWriter
 from kmq.markers import QUEUE_LANE, RETRY_LANE, Entry, MarkerType, encode_entries
 from kmq.message import Message, State
+from kmq.reads import READS_HEADER, encode_reads
 from kmq.rebalances import GivenUp
 from kmq.receipts import Receipt
 from kmq.records import ID_HEADER, dead_letter_headers, delivery_key, parse_queue_headers
@@ -154,6 +155,9 @@ class Consumer:
         self._marker_partitions = svc.marker_partition_count()
         self._progress = threading.Event()
         """Set when a flush or an offset commit is over: the batch cycle can move on."""
+        self._reads: Headers = []
+        """Says what this consumer's retry lane reads, on every marker record it writes
+        (:mod:`kmq.reads`): the tracker sends copies to partitions someone reads now."""
         self._writer = MarkerWriter(
             self._producer,
             cfg.marker_topic,
@@ -162,6 +166,7 @@ class Consumer:
             linger_s=config.poll_timeout_ms / 1000,
             name=f"kmq-markers-{queue.id}",
             on_flushed=self._progress.set,
+            headers=lambda: self._reads,
         )
         self._cycle: BatchCycle[TopicPartition, Message] = BatchCycle()
         self._continuity: Continuity[TopicPartition] = Continuity()
@@ -176,6 +181,7 @@ class Consumer:
         """Retry-topic partitions the queue's consumers read between them."""
         self._retry_reading: frozenset[int] = frozenset()
         """Those of them this consumer reads (assigned to its retry-lane reader)."""
+
         self._queue_window: tuple[int, ...] = ()
         self._retry_window: tuple[int, ...] = ()
         self._legacy_done: set[int] = set()
@@ -689,6 +695,7 @@ class Consumer:
         if want == self._retry_reading:
             return
         self._retry_reading = frozenset(want)
+        self._reads = [(READS_HEADER, encode_reads(self.queue, want))] if want else []
         # assign() keeps the position of a partition it keeps; an empty one unsubscribes.
         self._rc.assign([TP(self._retry_topic, p) for p in sorted(want)])
         self._retry_poll_s = _RETRY_POLL_S

@@ -135,6 +135,45 @@ def away_from_holder(
     return retry_window[(held + 1) % width]
 
 
+def holders_reads(
+    queue_window: Sequence[int], retry_window: Sequence[int], read_from: int, lane_is_retry: bool
+) -> set[int]:
+    """The retry-lane partitions the holder of a record read from ``read_from`` reads too
+    (by :func:`mirrored`, those that go with the queue partition it owns), as far as they
+    can be told."""
+    if not queue_window:
+        return set()
+    if not lane_is_retry:
+        return mirrored(queue_window, retry_window, {read_from})
+    if read_from not in retry_window:
+        return {read_from}
+    owned = queue_window[retry_window.index(read_from) % len(queue_window)]
+    return mirrored(queue_window, retry_window, {owned}) | {read_from}
+
+
+def toward_live_reader(
+    queue_window: Sequence[int],
+    retry_window: Sequence[int],
+    read_from: int,
+    lane_is_retry: bool,
+    live: Collection[int],
+    spread_by: int = 0,
+) -> int | None:
+    """A retry-lane partition for a copy of a record read from ``read_from`` that a consumer
+    has lately said it reads (``live``) and that is not the holder's
+    (:func:`holders_reads`): :func:`away_from_holder`'s choice if it is one of them, else
+    one picked by ``spread_by`` (the record's offset, say). ``None`` if there is none: then
+    nobody but the holder is known to read the queue's retry lane now."""
+    held = holders_reads(queue_window, retry_window, read_from, lane_is_retry)
+    candidates = sorted(set(live) & set(retry_window) - held)
+    if not candidates:
+        return None
+    away = away_from_holder(queue_window, retry_window, read_from, lane_is_retry)
+    if away in candidates:
+        return away
+    return candidates[spread_by % len(candidates)]
+
+
 def grown(layout: TopicLayout, queue: str, spread: int) -> TopicLayout:
     """``layout`` with ``queue`` spread over ``spread`` partitions. A spread never shrinks:
     the partitions it would give up may still hold the queue's records."""

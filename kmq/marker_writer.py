@@ -31,7 +31,12 @@ def marker_partition(message_id: str, partitions: int) -> int:
     return zlib.crc32(message_id.encode()) % partitions
 
 
+Headers = list[tuple[str, bytes]]
+
+
 class _Producer(Protocol):
+    """kafka-python's KafkaProducer; given ``headers=`` too when the writer has any."""
+
     def send(self, topic: str, *, key: bytes | None, value: bytes, partition: int) -> Any: ...
 
 
@@ -96,6 +101,7 @@ class MarkerWriter:
         flush_at: int = 256,
         name: str = "kmq-markers",
         on_flushed: Callable[[], None] | None = None,
+        headers: Callable[[], Headers] | None = None,
     ) -> None:
         self.topic = topic
         self.partitions = partitions
@@ -111,6 +117,8 @@ class MarkerWriter:
         self._urgent = False
         self._on_flushed = on_flushed
         """Called (on a Kafka I/O thread) whenever a flush is over."""
+        self._headers = headers
+        """The headers of every record a flush writes, asked once per flush."""
         self._flush = Flush(on_flushed)
         self._taken: list[Flush] = []  # flushes being sent or answered
         self._closing = False
@@ -230,12 +238,14 @@ class MarkerWriter:
 
     def _send(self, pending: dict[int, list[Entry]], texts: dict[int, list[bytes]],
               flush: Flush) -> None:  # fmt: skip
+        headers = self._headers() if self._headers is not None else None
+        extra: dict[str, Any] = {"headers": headers} if headers else {}
         for partition, entries in pending.items():
             try:
                 for chunk, chunk_texts in self._chunks(entries, texts.get(partition, [])):
                     value = encode_entries(chunk, chunk_texts)
                     future = self._producer.send(
-                        self.topic, key=None, value=value, partition=partition
+                        self.topic, key=None, value=value, partition=partition, **extra
                     )
                     flush._expect()
                     future.add_callback(_ok, flush, partition)

@@ -40,6 +40,7 @@ from kmq.records import split_key
 from tracker.config import TrackerConfig
 from tracker.fencing import FenceWatch, PartitionWriters
 from tracker.health import BrokerLink, ProbeServer
+from tracker.readers import LiveReaders
 from tracker.redeliver import TXN_TIMEOUT_S, Copy, Redeliverer, RoundOutcome, copy_of
 from tracker.reread import RecordReader
 from tracker.state import Due, PartitionState
@@ -96,8 +97,13 @@ class Tracker:
                                          config.marker_topic)  # fmt: skip
         self._fence_watch = FenceWatch()
         self._topics = {QUEUE_LANE: config.queue_topic, RETRY_LANE: config.retry_topic}
+        self._readers = LiveReaders()
         self._redeliverer = Redeliverer(
-            config.queue_topic, config.retry_topic, config.marker_topic, self._partitions_of
+            config.queue_topic,
+            config.retry_topic,
+            config.marker_topic,
+            self._partitions_of,
+            live=lambda queue: self._readers.live(queue, time.monotonic()),
         )
 
     def _open(self) -> None:
@@ -206,6 +212,11 @@ class Tracker:
 
     def partitions(self) -> list[int]:
         return sorted(self._states)
+
+    def live_readers(self, queue: str) -> frozenset[int]:
+        """The retry-topic partitions of ``queue`` that consumers have lately said they read
+        (:class:`tracker.readers.LiveReaders`): where its copies go first."""
+        return self._readers.live(queue, time.monotonic())
 
     def stats(self) -> Counter[str]:
         total = Counter(self._retired)
@@ -351,8 +362,11 @@ class Tracker:
                     # Fetched before the seek to where its state starts: read from there.
                     self._mc.seek(tp, state.position)
                     continue
+            readers = self._readers
             for record in batch:
                 state.on_record(record.offset, record.value, now)
+                if record.headers:
+                    readers.note(record.headers, now)
         self._sync_offsets()
         self._probe()
         self._redeliver()

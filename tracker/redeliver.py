@@ -4,7 +4,7 @@ copies and their markers in one fenced transaction, reporting how it ended."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +12,7 @@ from kafka import TopicPartition
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
-from kmq.layout import away_from_holder
+from kmq.layout import away_from_holder, toward_live_reader
 from kmq.markers import (
     MAX_ATTEMPT,
     MAX_TEXT_BYTES,
@@ -99,7 +99,8 @@ class Redeliverer:
     skips them, all in one transaction of that partition's producer.
 
     ``partitions(topic, queue)`` gives the partitions a queue's records go to on a topic
-    (its layout).
+    (its layout); ``live(queue)`` the retry-topic partitions its consumers said they read
+    lately (:class:`tracker.readers.LiveReaders`).
     """
 
     def __init__(
@@ -109,8 +110,10 @@ class Redeliverer:
         marker_topic: str,
         partitions: Callable[[str, str], tuple[int, ...]],
         txn_timeout_s: float = TXN_TIMEOUT_S,
+        live: Callable[[str], Collection[int]] = lambda queue: (),
     ) -> None:
         self._queue_topic = queue_topic
+        self._live = live
         self._txn_timeout_s = txn_timeout_s
         self._retry_topic = retry_topic
         self._marker_topic = marker_topic
@@ -119,19 +122,28 @@ class Redeliverer:
     def target(self, copy: Copy) -> tuple[str, int]:
         """Topic and partition a copy (or dead letter) goes to.
 
-        A copy goes to a retry-lane partition that another consumer than its holder reads
-        (:func:`kmq.layout.away_from_holder`): a killed holder's own partitions wait for its
-        group to notice, this one is read at once."""
+        A copy goes to a retry-lane partition that another consumer than its holder reads:
+        one a consumer has lately said it reads (:func:`kmq.layout.toward_live_reader`),
+        else the one that goes with another queue partition than the holder's
+        (:func:`kmq.layout.away_from_holder`). A killed holder's own partitions, or those
+        of a consumer killed with it, wait for their group to notice; a live one is read at
+        once."""
         lane, partition, offset = split_key(copy.due.key)
         if copy.dead_letter_queue is None and self._retry_topic is not None:
             topic, lane_here = self._retry_topic, RETRY_LANE
             choices = self._partitions(topic, copy.destination)
-            away = away_from_holder(
-                self._partitions(self._queue_topic, copy.destination),
+            queue_window = self._partitions(self._queue_topic, copy.destination)
+            lane_is_retry = lane == RETRY_LANE
+            away = toward_live_reader(
+                queue_window,
                 choices,
                 partition,
-                lane == RETRY_LANE,
+                lane_is_retry,
+                self._live(copy.destination),
+                offset,
             )
+            if away is None:
+                away = away_from_holder(queue_window, choices, partition, lane_is_retry)
             if away is not None:
                 return topic, away
         else:

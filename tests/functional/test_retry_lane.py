@@ -128,6 +128,30 @@ def test_a_killed_holders_copies_reach_a_live_reader_before_its_group_notices(
         )
 
 
+def test_the_tracker_hears_which_retry_partitions_a_live_consumer_reads(
+    service: kmq.Service, tracker: Tracker
+) -> None:
+    """A consumer names the retry partitions it reads on its marker records (header
+    ``kmq.reads``); the tracker sends copies to those first, and forgets a consumer that
+    has stopped writing."""
+    queue = service.queue("jobs")
+    with queue.consumer() as consumer:
+        producer = queue.producer()
+        producer.send(b"held")
+        msg = consumer.receive(timeout_s=30)
+        assert msg is not None
+        # Held, the message gets keep-alives every third of its lease: records keep coming.
+        wait_until(
+            lambda: bool(consumer.retry_assignment())
+            and tracker.live_readers("jobs") == consumer.retry_assignment(),
+            15,
+            "the tracker to hear what the consumer reads",
+        )
+        assert tracker.live_readers("other") == frozenset()
+        msg.ack()
+    wait_until(lambda: tracker.live_readers("jobs") == frozenset(), 10, "a closed one forgotten")
+
+
 def test_the_retry_lane_goes_on_from_where_a_group_member_left_off(
     broker: Broker, topics: Topics, service: kmq.Service
 ) -> None:

@@ -21,9 +21,11 @@ from kmq.layout import (
     decode_layout,
     encode_layout,
     grown,
+    holders_reads,
     mirrored,
     read_partitions,
     retry_reads,
+    toward_live_reader,
     write_partitions,
 )
 
@@ -337,6 +339,63 @@ def test_a_copy_never_goes_to_a_partition_its_holder_reads(
         assert away in retry and away not in holder_reads
     readers = [mirrored(queue, retry, {q}) for q in queue]
     assert sorted(p for ps in readers for p in ps) == sorted(retry)
+
+
+HOLDERS_READS = {
+    "a queue record: what goes with its partition": ((5, 6), (2, 3, 4), 5, False, {2, 4}),
+    "the other": ((5, 6), (2, 3, 4), 6, False, {3}),
+    "a retry record: the same, read back from it": ((5, 6), (2, 3, 4), 4, True, {2, 4}),
+    "a retry record outside the window": ((5, 6), (2, 3), 9, True, {9}),
+    "no queue window": ((), (2, 3), 5, False, set()),
+}
+
+
+@pytest.mark.parametrize(("queue", "retry", "read_from", "is_retry", "expected"),
+                         HOLDERS_READS.values(), ids=HOLDERS_READS.keys())  # fmt: skip
+def test_holders_reads(
+    queue: tuple[int, ...], retry: tuple[int, ...], read_from: int, is_retry: bool,
+    expected: set[int],
+) -> None:  # fmt: skip
+    assert holders_reads(queue, retry, read_from, is_retry) == expected
+
+
+# queue window, retry window, read from, lane is retry, live, spread by: chosen
+TOWARD_LIVE = {
+    "the usual choice when it is read": ((5, 6, 7), (2, 3, 4), 5, False, {3, 4}, 0, 3),
+    "another live one when it is not": ((5, 6, 7), (2, 3, 4), 5, False, {4}, 0, 4),
+    "spread by offset": ((5, 6, 7, 8), (1, 2, 3, 4), 5, False, {3, 4}, 1, 4),
+    "never the holder's, even if live": ((5, 6, 7), (2, 3, 4), 5, False, {2}, 0, None),
+    "nobody live": ((5, 6, 7), (2, 3, 4), 5, False, set(), 0, None),
+    "live outside the window counts for nothing": ((5, 6), (2, 3), 5, False, {9}, 0, None),
+    "a queue window of one: its holder reads all": ((5,), (2, 3), 5, False, {3}, 0, None),
+    "a retry record, away from its reader": ((5, 6, 7), (2, 3, 4), 2, True, {2, 4}, 0, 4),
+}
+
+
+@pytest.mark.parametrize(("queue", "retry", "read_from", "is_retry", "live", "spread", "expected"),
+                         TOWARD_LIVE.values(), ids=TOWARD_LIVE.keys())  # fmt: skip
+def test_toward_live_reader(
+    queue: tuple[int, ...], retry: tuple[int, ...], read_from: int, is_retry: bool,
+    live: set[int], spread: int, expected: int | None,
+) -> None:  # fmt: skip
+    assert toward_live_reader(queue, retry, read_from, is_retry, live, spread) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(windows, windows, st.data())
+def test_a_copy_goes_to_a_live_reader_other_than_its_holder_whenever_there_is_one(
+    queue: tuple[int, ...], retry: tuple[int, ...], data: st.DataObject
+) -> None:
+    lane_is_retry = data.draw(st.booleans())
+    read_from = data.draw(st.sampled_from(retry if lane_is_retry else queue))
+    live = data.draw(st.sets(st.sampled_from(retry)))
+    spread = data.draw(st.integers(0, 2**44))
+    held = holders_reads(queue, retry, read_from, lane_is_retry)
+    chosen = toward_live_reader(queue, retry, read_from, lane_is_retry, live, spread)
+    if live - held:
+        assert chosen in live - held
+    else:
+        assert chosen is None
 
 
 RETRY_READS = {

@@ -32,13 +32,22 @@ class StubProducer:
         self.refuse = refuse
         self.hold = hold
         self.sent: list[tuple[int, bytes]] = []
+        self.headers: list[list[tuple[str, bytes]] | None] = []
         self.futures: list[Future] = []
         self.gate: threading.Event | None = None  # set: send() blocks until it is set
         self.sending = threading.Event()
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
 
-    def send(self, topic: str, *, key: bytes | None, value: bytes, partition: int) -> Future:
+    def send(
+        self,
+        topic: str,
+        *,
+        key: bytes | None,
+        value: bytes,
+        partition: int,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> Future:
         assert topic == "markers" and key is None
         self.sending.set()
         if self.gate is not None:
@@ -50,6 +59,7 @@ class StubProducer:
         future = Future()
         with self.changed:
             self.sent.append((partition, value))
+            self.headers.append(headers)
             if self.hold:
                 self.futures.append(future)
             self.changed.notify_all()
@@ -129,6 +139,24 @@ def test_markers_go_out_per_partition_in_order_one_record_each(
         (0, [entry(S, 1), entry(N, 1, b"why"), entry(S, 3)], [b"", b"why", b""]),
         (1, [entry(S, 2), entry(E, 2)], [b"", b""]),
     ]
+
+
+def test_every_record_of_a_flush_carries_the_headers_asked_for_then(
+    writers: list[MarkerWriter],
+) -> None:
+    producer = StubProducer()
+    said: list[list[tuple[str, bytes]]] = [[]]
+    writer = MarkerWriter(
+        producer, "markers", 4, 1_000_000, linger_s=LONG_LINGER_S, headers=lambda: said[0]
+    )
+    writers.append(writer)
+    writer.add(entry(S, 1), 0)
+    assert writer.sync(WAIT_S)
+    said[0] = [("kmq.reads", b"orders 3")]
+    writer.add_many([(entry(S, 2), 0), (entry(S, 3), 1)])
+    assert writer.sync(WAIT_S)
+    reads = [("kmq.reads", b"orders 3")]
+    assert producer.headers == [None, reads, reads], "none while there is nothing to say"
 
 
 def test_add_many_keeps_order_across_partitions(writers: list[MarkerWriter]) -> None:

@@ -308,6 +308,28 @@ def test_target_rules(
         assert chosen == choices[offset % len(choices)]
 
 
+def test_a_copy_goes_to_a_partition_a_consumer_said_it_reads() -> None:
+    """Queue window (5, 6, 7), retry window (2, 3, 4): a copy of a record read from queue
+    partition 5 goes with 6 (retry partition 3) unless only 7's (4) is read lately."""
+    live: set[int] = set()
+    r = Redeliverer(
+        QUEUE_TOPIC,
+        RETRY_TOPIC,
+        MARKER_TOPIC,
+        lambda topic, queue: (5, 6, 7) if topic == QUEUE_TOPIC else (2, 3, 4),
+        live=lambda queue: live if queue == "orders" else set(),
+    )
+    copy = a_copy(QUEUE_LANE, 5, 77)
+    assert r.target(copy) == (RETRY_TOPIC, 3), "nobody said anything: the usual choice"
+    live.update({3, 4})
+    assert r.target(copy) == (RETRY_TOPIC, 3)
+    live.discard(3)  # the consumer reading 3 fell silent (killed with the holder, say)
+    assert r.target(copy) == (RETRY_TOPIC, 4)
+    live.clear()
+    live.add(2)  # only the holder's own: no better than the usual choice
+    assert r.target(copy) == (RETRY_TOPIC, 3)
+
+
 # -- Redeliverer.round: one transaction, all or nothing --------------------------------------
 
 GROUP_METADATA = object()

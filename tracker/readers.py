@@ -1,0 +1,55 @@
+"""Which retry-lane partitions of each queue a live consumer reads: what the ``kmq.reads``
+headers of the marker records read lately say (:mod:`kmq.reads`). Pure: no I/O; ``now`` is
+the tracker's monotonic clock."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from kmq.reads import READS_HEADER, decode_reads
+
+FRESH_S = 1.0
+"""A partition counts as read while a consumer has said so within this long: one killed
+drops out this long after its last marker record, sooner than its holder's lease runs out
+(a third of a lease after its last keep-alive at best). A busy consumer writes records many
+times a second; one that says nothing for longer (idle, or holding messages under a long
+lease) is only passed over while someone else is heard from: with nobody heard from, copies
+go where they went before (:func:`kmq.layout.away_from_holder`)."""
+_MAX_CACHED = 4096
+
+
+class LiveReaders:
+    def __init__(self, fresh_s: float = FRESH_S) -> None:
+        self.fresh_s = fresh_s
+        self._seen: dict[str, dict[int, float]] = {}  # queue -> partition -> last said
+        self._decoded: dict[bytes, tuple[str, frozenset[int]] | None] = {}
+
+    def note(self, headers: Iterable[tuple[str, bytes | None]], now: float) -> None:
+        """A marker record's headers, read at ``now``."""
+        for key, value in headers:
+            if key != READS_HEADER or value is None:
+                continue
+            if value in self._decoded:
+                reads = self._decoded[value]
+            else:
+                if len(self._decoded) >= _MAX_CACHED:
+                    self._decoded.clear()
+                reads = self._decoded[value] = decode_reads(value)
+            if reads is None:
+                continue
+            queue, partitions = reads
+            seen = self._seen.get(queue)
+            if seen is None:
+                seen = self._seen[queue] = {}
+            for partition in partitions:
+                seen[partition] = now
+
+    def live(self, queue: str, now: float) -> frozenset[int]:
+        """The partitions of ``queue`` some consumer said it reads within ``fresh_s``."""
+        seen = self._seen.get(queue)
+        if not seen:
+            return frozenset()
+        cutoff = now - self.fresh_s
+        for partition in [p for p, at in seen.items() if at < cutoff]:
+            del seen[partition]
+        return frozenset(seen)
