@@ -576,9 +576,9 @@ class Tracker:
             meta.generation_id,
         )
         self._retired["partitions_retaken"] += len(back)
-        # Its records may have been read and skipped while it was dropped: _on_assigned
-        # has the markers reader start again where the new state starts.
-        self._on_assigned(back)
+        # Its records may have been read and skipped while it was dropped: _take has the
+        # markers reader start again where the new state starts.
+        self._take(back)
 
     def _partitions_of(self, topic: str, queue: str) -> tuple[int, ...]:
         """Where ``queue``'s records go on ``topic``: its layout there."""
@@ -699,6 +699,7 @@ class Tracker:
             self._retired.update(state.stats)
             self._committed.pop(partition, None)
             self._writers.release(partition)
+        self._caught_up.clear()
         self._retired["partitions_revoked"] += len(partitions)
         log.info("revoked partitions %s", sorted(partitions))
 
@@ -709,11 +710,14 @@ class Tracker:
         gone = sorted(p for p in kept - set(assigned) if p in self._states)
         if gone:
             self._drop(gone)
-        for partition in assigned:
+        self._reclaim |= kept & set(assigned) & set(self._states)
+        self._take(assigned)
+
+    def _take(self, partitions: list[int]) -> None:
+        """Track ``partitions`` (those tracked already stay as they are)."""
+        for partition in partitions:
             self._fence_watch.forget(partition)
             if partition in self._states:
-                if partition in kept:
-                    self._reclaim.add(partition)
                 continue
             state = self._states[partition] = PartitionState(
                 partition,

@@ -491,3 +491,15 @@ def test_the_markers_reader_follows_the_states_and_the_group_member_fetches_noth
     t._fenced(1)
     t._follow_states()
     assert h.group.reading == {0, 2} and h.group.seeks == [(2, 7)]
+
+
+def test_taking_a_fenced_partition_back_leaves_kept_ones_alone() -> None:
+    h = Harness(partitions=(0, 1))
+    h.claim(0, 1)
+    t = h.tracker
+    t._on_revoked([0, 1])
+    t._fenced(1)
+    t._take([1])  # what _retake_fenced does once the group has settled on giving it back
+    assert t.partitions() == [0, 1] and t._kept == {0}
+    t._on_assigned([0, 1])
+    assert t._reclaim == {0}, "only the kept one is claimed again; 1 was claimed afresh"
