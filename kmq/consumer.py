@@ -989,8 +989,9 @@ class Consumer:
         self._seek(firsts)
 
     def _whole(self, records: dict[TopicPartition, list[Any]]) -> dict[TopicPartition, list[Any]]:
-        """``records`` without those of partitions the poll may have skipped records of
-        (see :mod:`kmq.continuity`): those are sought back to be read again."""
+        """``records`` up to the first record a poll may have skipped records before (see
+        :mod:`kmq.continuity`), whether between polls or inside one: from there on each
+        partition is sought back to be read again."""
         if not records:
             return records
         continuity = self._continuity
@@ -1001,11 +1002,19 @@ class Consumer:
             # The tracker writes copies in transactions: a marker follows each of them, and
             # reading every such gap again would delay the next copy by a fetch.
             holes = 1 if tp.topic == self._retry_topic else 0
-            again = continuity.read(tp, batch[0].offset, batch[-1].offset, holes)
+            first, last = batch[0].offset, batch[-1].offset
+            if last - first + 1 == len(batch):  # the usual case: no offset missing
+                again = continuity.read(tp, first, last, holes)
+                keep = 0 if again is not None else len(batch)
+            else:
+                keep, again = continuity.read_batch(tp, [r.offset for r in batch], holes)
             if again is not None:
-                log.debug("queue %r: %s jumped from offset %d to %d; reading it again",
-                          self.queue, tp, again, batch[0].offset)  # fmt: skip
-                del records[tp]
+                log.debug("queue %r: %s skipped from offset %d; reading it again",
+                          self.queue, tp, again)  # fmt: skip
+                if keep:
+                    records[tp] = batch[:keep]
+                else:
+                    del records[tp]
                 self._seek({tp: again})
         if continuity.recovered != recovered:
             log.warning(

@@ -14,7 +14,7 @@ sought, and seeks where it says. Tested in ``tests/unit/test_continuity.py``.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Generic, TypeVar
 
 P = TypeVar("P", bound=Hashable)
@@ -76,3 +76,30 @@ class Continuity(Generic[P]):
                 self.recovered += 1
         self._next[partition] = last + 1
         return None
+
+    def read_batch(
+        self, partition: P, offsets: Sequence[int], holes: int = 0
+    ) -> tuple[int, int | None]:
+        """A poll returned ``partition``'s records at ``offsets`` (ascending). Returns how
+        many of them to keep, from the first, and where to read again from (``None``: keep
+        all). A gap inside the batch is taken like one between polls: the records before it
+        are kept and the rest read again from where it starts. (The embedded broker once
+        returned a record of one producer before the one another producer's request, let go
+        at the same moment by a network stall, had been given the offset before it.)"""
+        first, last = offsets[0], offsets[-1]
+        if last - first + 1 == len(offsets) or last - first + 1 <= len(offsets) + holes:
+            again = self.read(partition, first, last, holes)
+            return (0, again) if again is not None else (len(offsets), None)
+        cut = next(
+            (i for i in range(1, len(offsets)) if offsets[i] > offsets[i - 1] + 1 + holes),
+            None,
+        )
+        again = self.read(partition, first, offsets[-1 if cut is None else cut - 1], holes)
+        if again is not None:
+            return 0, again
+        if cut is None:
+            return len(offsets), None
+        start = offsets[cut - 1] + 1
+        self._suspect[partition] = (start, offsets[cut])
+        self.reread += 1
+        return cut, start
