@@ -83,9 +83,10 @@ class Continuity(Generic[P]):
         """A poll returned ``partition``'s records at ``offsets`` (ascending). Returns how
         many of them to keep, from the first, and where to read again from (``None``: keep
         all). A gap inside the batch is taken like one between polls: the records before it
-        are kept and the rest read again from where it starts. (The embedded broker once
-        returned a record of one producer before the one another producer's request, let go
-        at the same moment by a network stall, had been given the offset before it.)"""
+        are kept and the rest read again from where it starts. (Most likely how a full
+        chaos run lost a record: two producers' requests, let go together by a network
+        stall, got consecutive offsets, and a poll returned the later record without the
+        earlier one.)"""
         first, last = offsets[0], offsets[-1]
         if last - first + 1 == len(offsets) or last - first + 1 <= len(offsets) + holes:
             again = self.read(partition, first, last, holes)
