@@ -181,7 +181,6 @@ class Consumer:
         """Retry-topic partitions the queue's consumers read between them."""
         self._retry_reading: frozenset[int] = frozenset()
         """Those of them this consumer reads (assigned to its retry-lane reader)."""
-
         self._queue_window: tuple[int, ...] = ()
         self._retry_window: tuple[int, ...] = ()
         self._legacy_done: set[int] = set()
