@@ -73,6 +73,15 @@ _RELEASE = int(MarkerType.RELEASE)
 _REJECT = int(MarkerType.REJECT)
 _PROBE = int(MarkerType.PROBE)
 PROBE_RETRY_S = 1.0
+
+
+def floor_ms(t: float) -> int:
+    """``t`` seconds in whole milliseconds, rounded down: ``floor_ms(t) / 1000 <= t`` even
+    where ``t * 1000`` itself rounds up (1.9989999999999999 * 1000 == 1999.0)."""
+    ms = max(0, int(t * 1000))
+    while ms > 0 and ms / 1000 > t:
+        ms -= 1
+    return ms
 """A probe not read back within this long is sent again (it may have been lost)."""
 _SETTLED = frozenset(
     int(t) for t in (MarkerType.END, MarkerType.REDELIVERED, MarkerType.DEAD_LETTERED)
@@ -288,13 +297,13 @@ class PartitionState:
             raise ValueError("this state writes no probes")
         self._probe_sent_at = now
         self.stats["probe_sent"] += 1
-        return (_PROBE, 0, self.partition, max(0, int(now * 1000)), self.probe_nonce, 0, 0, 0)
+        return (_PROBE, 0, self.partition, floor_ms(now), self.probe_nonce, 0, 0, 0)
 
     def _on_probe(self, entry: Entry) -> None:
         if self.probe_nonce is not None and entry[4] == self.probe_nonce:
             self.stats["probe_read"] += 1
             self.horizon = max(self.horizon, entry[3] / 1000)
-            if self._probe_sent_at is not None and entry[3] >= int(self._probe_sent_at * 1000):
+            if self._probe_sent_at is not None and entry[3] >= floor_ms(self._probe_sent_at):
                 self._probe_sent_at = None
         else:
             self.stats["foreign_probe"] += 1

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -29,7 +29,7 @@ from kmq.markers import (
 )
 from kmq.markers_v1 import encode_batch_v1, encode_v1
 from kmq.records import delivery_key, fits_key
-from tracker.state import PROBE_RETRY_S, Delivery, Due, PartitionState
+from tracker.state import PROBE_RETRY_S, Delivery, Due, PartitionState, floor_ms
 
 PARTITION = 2
 DEFAULT_LEASE_S = 30.0
@@ -1265,10 +1265,11 @@ def test_an_own_probe_in_the_backlog_still_moves_the_horizon() -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(st.floats(0, 1e9, allow_nan=False))
+@example(0.0005 + 0.999 + 0.999 + 0.0005)  # 1.9989999999999999, whose * 1000 is 1999.0
 def test_a_probe_never_claims_more_than_its_send_time(now: float) -> None:
     state = probing()
     entry = state.probe(now)
-    assert entry[3] == int(now * 1000) and entry[3] / 1000 <= now
+    assert entry[3] / 1000 <= now < (entry[3] + 1) / 1000 + 1e-6
     feed(state, encode_entries([entry], []), now)
     assert state.horizon <= now
     assert not state.probe_needed(now)
@@ -1310,7 +1311,7 @@ class ProbingStateMachine(PartitionStateMachine):
     @rule()
     def send_probe(self) -> None:
         entry = self.state.probe(self.now)
-        assert entry[4] == NONCE and entry[3] == int(self.now * 1000)
+        assert entry[4] == NONCE and entry[3] == floor_ms(self.now)
         self.outbox.append((self.now, encode_entries([entry], [])))
         self.outstanding = self.now
         self.sent += 1
@@ -1321,9 +1322,9 @@ class ProbingStateMachine(PartitionStateMachine):
         sent, value = self.outbox.pop(0)
         self._feed(value)
         self.read += 1
-        sent_ms = int(sent * 1000)
+        sent_ms = floor_ms(sent)
         self.read_horizon = max(self.read_horizon, sent_ms / 1000)
-        if self.outstanding is not None and sent_ms >= int(self.outstanding * 1000):
+        if self.outstanding is not None and sent_ms >= floor_ms(self.outstanding):
             self.outstanding = None
 
     @precondition(lambda self: self.outbox)
