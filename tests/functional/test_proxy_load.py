@@ -222,10 +222,11 @@ def test_two_replicas_one_sigkilled_lose_nothing(
         with b.client() as c:
             status = c.get("/v1/status").text
         tail = "\n".join(b.child.lines[-60:])
+        # The first line is what a CI summary shows: where the lost messages are goes in it.
+        where = _whereabouts(broker, load_topics, lost).replace("\n", " | ")
         raise AssertionError(
-            f"{len(lost)} confirmed messages never acked: {sorted(lost)[:20]}; "
-            f"replica B: {status}\n{_whereabouts(broker, load_topics, lost)}\n"
-            f"{tail}"
+            f"{len(lost)} confirmed messages never acked: {sorted(lost)[:20]}; where: {where}; "
+            f"replica B: {status}\n{tail}"
         )
     assert set(delivered) <= ledger.attempted, "a message nobody sent"
     assert held_seqs <= ledger.acked and held_seqs <= redelivered, "held by the dead replica"
@@ -247,5 +248,7 @@ def _whereabouts(broker: Broker, topics: Topics, lost: set[int]) -> str:
     for m in read_markers(broker.bootstrap_servers, topics):
         if m.message_id in copies:
             markers.setdefault(m.message_id, []).append(f"{m.type.name}@{m.attempt}")
-    return "\n".join(f"{mid}: {where}; markers {markers.get(mid, [])}"
-                     for mid, where in sorted(copies.items())[:10])  # fmt: skip
+    found = {int(r.value) for r in records if r.value.isdigit()}
+    nowhere = [f"seq {s}: no record on either topic" for s in sorted(lost - found)[:10]]
+    return "\n".join([f"{mid}: {where}; markers {markers.get(mid, [])}"
+                       for mid, where in sorted(copies.items())[:10]] + nowhere)  # fmt: skip

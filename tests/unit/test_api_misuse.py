@@ -419,10 +419,26 @@ def test_import_does_no_io() -> None:
 
 
 class _Seeks:
-    """The consumer's Kafka client, as far as seeking goes; partition 9 was revoked."""
+    """The consumer's Kafka client, as far as seeking goes; partition 9 was revoked.
+    ``committed`` is the group's committed offset per partition (none: the log starts at
+    ``log_start``); ``None`` makes those lookups fail."""
 
-    def __init__(self) -> None:
+    def __init__(self, committed: dict[int, int] | None = None, log_start: int = 0) -> None:
         self.seeks: list[tuple[Any, int]] = []
+        self._committed = committed
+        self._log_start = log_start
+        self.lookups = 0
+
+    def committed(self, tp: Any, timeout_ms: int | None = None) -> int | None:
+        from kafka.errors import KafkaTimeoutError
+
+        self.lookups += 1
+        if self._committed is None:
+            raise KafkaTimeoutError("no coordinator")
+        return self._committed.get(tp.partition)
+
+    def beginning_offsets(self, tps: list[Any], timeout_ms: int | None = None) -> dict[Any, int]:
+        return dict.fromkeys(tps, self._log_start)
 
     def seek(self, tp: Any, offset: int) -> None:
         if tp.partition == 9:
@@ -435,15 +451,18 @@ class Rec:
         self.offset = offset
 
 
-def _seeking_consumer() -> tuple[Any, _Seeks]:
+def _seeking_consumer(
+    committed: dict[int, int] | None = None, log_start: int = 0
+) -> tuple[Any, _Seeks]:
     """A Consumer with only what its seeking and gap checks use, on a stub client."""
     from kmq.consumer import Consumer
 
     consumer = Consumer.__new__(Consumer)
-    stub = _Seeks()
+    stub = _Seeks(committed, log_start)
     consumer._kc = stub
     consumer._retry_topic = "q.retry"
     consumer.queue = "q"
+    consumer._request_timeout_s = 5.0
     consumer._continuity = Continuity()
     return consumer, stub
 
@@ -454,7 +473,7 @@ def test_records_a_paused_poll_returns_are_read_again_not_dropped() -> None:
     consumer seeks back to it, so the position never passes a record no one started."""
     from kafka import TopicPartition
 
-    consumer, stub = _seeking_consumer()
+    consumer, stub = _seeking_consumer({0: 41, 9: 7})
     a, b, gone = TopicPartition("q", 0), TopicPartition("q", 1), TopicPartition("q", 9)
     consumer._unread({a: [Rec(41), Rec(42)], b: [], gone: [Rec(7)]})
     assert stub.seeks == [(a, 41)]
@@ -468,7 +487,7 @@ def test_a_poll_that_jumps_over_records_is_read_again() -> None:
     poll ended; the same gap found again is a hole in the log and is read on."""
     from kafka import TopicPartition
 
-    consumer, stub = _seeking_consumer()
+    consumer, stub = _seeking_consumer({0: 10, 1: 3})
     a, b = TopicPartition("q", 0), TopicPartition("q", 1)
     first = consumer._whole({a: [Rec(10), Rec(11)], b: [Rec(3)]})
     assert sorted(first) == [a, b] and stub.seeks == []
@@ -481,6 +500,38 @@ def test_a_poll_that_jumps_over_records_is_read_again() -> None:
     hole = consumer._whole({a: [Rec(17)]})  # 15 and 16 are transaction markers, say
     assert hole == {} and stub.seeks[-1] == (a, 15)
     assert [r.offset for r in consumer._whole({a: [Rec(17)]})[a]] == [17]
+
+
+@pytest.mark.parametrize(
+    ("committed", "log_start", "polled", "kept", "sought"),
+    [
+        ({0: 5}, 0, [5, 6], [5, 6], None),  # starts where the group left off
+        ({0: 5}, 0, [8, 9], [], 5),  # skipped 5 to 7 at its start: read again from 5
+        ({}, 0, [0, 1], [0, 1], None),  # nothing committed: from the log's start
+        ({}, 0, [3, 4], [], 0),  # skipped the log's first three records
+        ({}, 40, [40], [40], None),  # the log starts later (retention)
+        ({0: 9}, 0, [7, 8, 9], [7, 8, 9], None),  # behind the commit: nothing skipped
+        (None, 0, [8, 9], [8, 9], None),  # the start cannot be told: trusted, as before
+    ],
+)
+def test_the_first_poll_of_a_partition_is_checked_against_where_it_starts(
+    committed: dict[int, int] | None,
+    log_start: int,
+    polled: list[int],
+    kept: list[int],
+    sought: int | None,
+) -> None:
+    """A partition's first poll after its assignment has no earlier poll to compare with;
+    it is checked against the group's committed offset, or the log's start."""
+    from kafka import TopicPartition
+
+    consumer, stub = _seeking_consumer(committed, log_start)
+    a = TopicPartition("q", 0)
+    got = consumer._whole({a: [Rec(o) for o in polled]})
+    assert [r.offset for r in got.get(a, [])] == kept
+    assert stub.seeks == ([] if sought is None else [(a, sought)])
+    consumer._whole({a: [Rec(polled[-1] + 1)]})
+    assert stub.lookups == 1, "looked up once per assignment, not per poll"
 
 
 class _Positions:
