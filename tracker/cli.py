@@ -100,6 +100,16 @@ from tracker.config import TrackerConfig
     help="/healthz fails once the run loop has not turned for this long.",
 )
 @click.option(
+    "--unread-copy-s",
+    envvar="KMQ_UNREAD_COPY_S",
+    show_envvar=True,
+    type=float,
+    default=2.0,
+    help="Copy again, toward a live consumer, a copy nobody took this long after it was "
+    "written whose retry partition no consumer reads any more (a duplicate once that one "
+    "is read after all); 0: never.",
+)
+@click.option(
     "--log-level",
     envvar="KMQ_LOG_LEVEL",
     show_envvar=True,
@@ -132,6 +142,7 @@ def main(
     request_timeout_ms: int,
     metrics_port: int,
     liveness_timeout_s: float,
+    unread_copy_s: float,
     log_level: str,
     log_format: str,
     security: KafkaSecurity,
@@ -156,6 +167,7 @@ def main(
             request_timeout_ms=request_timeout_ms,
             metrics_port=metrics_port,
             liveness_timeout_s=liveness_timeout_s,
+            unread_copy_s=unread_copy_s,
         )
     except KmqError as exc:
         raise click.UsageError(str(exc)) from exc

@@ -53,6 +53,12 @@ class TrackerConfig:
     """Port of ``/metrics``, ``/healthz`` and ``/readyz``; 0: none."""
     liveness_timeout_s: float = 60.0
     """``/healthz`` fails once the run loop has not turned for this long."""
+    unread_copy_s: float = 2.0
+    """A copy no consumer has taken this long after it was written, from a retry partition
+    no consumer has lately said it reads (its reader died after the copy went there), is
+    copied again to one a live consumer reads. The first copy is delivered too once its
+    partition has a reader again: a duplicate, traded for not waiting out the group's
+    session timeout. 0: copies are never copied again."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bootstrap_servers", normalize_bootstrap(self.bootstrap_servers))
@@ -88,6 +94,8 @@ class TrackerConfig:
         if self.metrics_port > 65535:
             raise ConfigError(f"metrics_port must be 0 (none) to 65535, got {self.metrics_port}")
         check_seconds(self.liveness_timeout_s, "liveness_timeout_s", maximum=86400)
+        if isinstance(self.unread_copy_s, bool) or self.unread_copy_s != 0:
+            check_seconds(self.unread_copy_s, "unread_copy_s (or 0: off)", maximum=3600)
 
     @property
     def connection(self) -> KafkaConnection:

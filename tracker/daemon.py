@@ -34,9 +34,9 @@ from kmq import kafka_clients, reach
 from kmq.config import COOPERATIVE
 from kmq.control import ControlWatcher
 from kmq.errors import BrokerError, ConfigError, KmqError
-from kmq.layout import write_partitions
+from kmq.layout import holders_reads, write_partitions
 from kmq.markers import QUEUE_LANE, RETRY_LANE, encode_entries
-from kmq.records import split_key
+from kmq.records import delivery_key, split_key
 from tracker.config import TrackerConfig
 from tracker.fencing import FenceWatch, PartitionWriters
 from tracker.health import BrokerLink, ProbeServer
@@ -222,7 +222,9 @@ class Tracker:
         total = Counter(self._retired)
         for state in list(self._states.values()):
             total.update(state.stats)
-        total["in_flight"] = sum(s.in_flight for s in list(self._states.values()))
+        states = list(self._states.values())
+        total["in_flight"] = sum(s.in_flight for s in states)
+        total["watched"] = sum(s.watched for s in states)
         return total
 
     def view(self) -> TrackerView:
@@ -458,6 +460,7 @@ class Tracker:
             if self._writers.get(partition) is None and not self._writers.claim(partition):
                 continue  # not fenced in yet: it must not redeliver from this partition
             due.extend(state.due(now, budget - len(due)))
+        due = self._copy_unread_again(due, now)
         if not due:
             return
         try:
@@ -490,6 +493,34 @@ class Tracker:
                     by_partition.setdefault(d.marker_partition, []).append(copy)
         for partition, copies in by_partition.items():
             self._redeliver_partition(partition, copies)
+
+    def _copy_unread_again(self, due: list[Due], now: float) -> list[Due]:
+        """``due`` without the copies nobody took that need no second copy yet: those
+        whose retry partition a live consumer reads (it is coming), or whose queue has no
+        live reader elsewhere to send one to. They are looked at again later."""
+        out: list[Due] = []
+        for d in due:
+            queue = d.unread_queue
+            if not queue:
+                out.append(d)
+                continue
+            _, partition, _ = split_key(d.key)
+            live = self._readers.live(queue, now)
+            try:
+                retry_window = self._partitions_of(self.config.retry_topic, queue)
+                queue_window = self._partitions_of(self.config.queue_topic, queue)
+            except KafkaError:
+                retry_window = queue_window = ()
+            # What its reader reads, and what the copy could go to instead (as
+            # Redeliverer.target will choose: kmq.layout.toward_live_reader).
+            held = holders_reads(queue_window, retry_window, partition, True)
+            if not held & live and live & set(retry_window) - held:
+                out.append(d)
+                continue
+            state = self._states.get(d.marker_partition)
+            if state is not None:
+                state.keep_watching(d.key, now + self.config.unread_copy_s)
+        return out
 
     def _claim_again(self, partition: int, state: PartitionState) -> bool:
         """Claim a partition kept through a rebalance anew (whoever claimed it in between
@@ -540,8 +571,9 @@ class Tracker:
             return
         if offset is not None:
             self._committed[partition] = offset
-        for copy in copies:
-            self._done(copy)
+        placed = outcome.placed or (None,) * len(copies)
+        for copy, where in zip(copies, placed, strict=True):
+            self._done(copy, where)
 
     def _fenced(self, partition: int) -> None:
         """Another replica claimed the partition since this one did: this one is a zombie
@@ -593,7 +625,7 @@ class Tracker:
             raise KafkaError(f"topic {topic} has no partitions")
         return write_partitions(self._pauses.table.layout(topic), queue, actual)
 
-    def _done(self, copy: Copy) -> None:
+    def _done(self, copy: Copy, placed: tuple[int, int] | None = None) -> None:
         if copy.dead_letter_queue:
             log.info(
                 "dead-lettered %s (queue %r -> %r after %d attempts, %s)",
@@ -607,7 +639,14 @@ class Tracker:
             )  # fmt: skip
         owner = self._states.get(copy.due.marker_partition)
         if owner is not None:
-            owner.redelivered(copy.due.key, dead_lettered=bool(copy.dead_letter_queue))
+            owner.redelivered(
+                copy.due.key,
+                dead_lettered=bool(copy.dead_letter_queue),
+                copy=None if placed is None else delivery_key(RETRY_LANE, *placed),
+                queue=copy.destination,
+                now=time.monotonic(),
+                unread_s=self.config.unread_copy_s,
+            )
 
     def _held_by_pause(self, copy: Copy, now: float) -> bool:
         """Postpone ``copy`` if its queue is paused; look again within a second."""

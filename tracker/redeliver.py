@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kafka import TopicPartition
@@ -90,6 +90,9 @@ class RoundOutcome:
     stuck: bool = False
     """The transaction coordinator did not answer in time: drop the producer and claim
     the partition again before its next round."""
+    placed: tuple[tuple[int, int] | None, ...] = field(default=(), compare=False)
+    """Once written: where each copy landed on the retry topic, (partition, offset), in the
+    order of the copies (``None`` for a dead letter, or where the client did not say)."""
 
 
 class Redeliverer:
@@ -192,10 +195,11 @@ class Redeliverer:
         group_metadata: Any,
     ) -> RoundOutcome:
         """Copies, their markers and the markers-offset commit that skips them: all or none."""
+        futures: list[Any] = []
         try:
             txn.begin_transaction()
             for copy in copies:
-                self.send_copy(txn, copy)
+                futures.append(self.send_copy(txn, copy))
                 self.send_marker(txn, copy)
             if offsets:
                 txn_wait.send_offsets(txn, offsets, group_metadata, self._txn_timeout_s)
@@ -214,4 +218,21 @@ class Redeliverer:
             except KafkaError:
                 pass
             return RoundOutcome(False)
-        return RoundOutcome(True)
+        return RoundOutcome(
+            True,
+            placed=tuple(
+                _placed(future) if copy.dead_letter_queue is None else None
+                for copy, future in zip(copies, futures, strict=True)
+            ),
+        )
+
+
+def _placed(future: Any) -> tuple[int, int] | None:
+    """(partition, offset) of a written record, from its send future."""
+    if not getattr(future, "is_done", False) or not future.succeeded():
+        return None
+    metadata = future.value
+    partition, offset = getattr(metadata, "partition", None), getattr(metadata, "offset", None)
+    if not isinstance(partition, int) or not isinstance(offset, int) or offset < 0:
+        return None
+    return partition, offset

@@ -46,6 +46,9 @@ class Due:
     """From the START: 0 never dead-letters."""
     dead_letter_queue: str
     """From the START; empty for the default ``<queue>.dlq``."""
+    unread_queue: str = ""
+    """Set for a copy nobody has taken (see :meth:`PartitionState.redelivered`): its queue,
+    so the adapter can tell whether its partition still has a live reader."""
 
     @property
     def delivery(self) -> Delivery:
@@ -73,6 +76,7 @@ _RELEASE = int(MarkerType.RELEASE)
 _REJECT = int(MarkerType.REJECT)
 _PROBE = int(MarkerType.PROBE)
 PROBE_RETRY_S = 1.0
+"""A probe not read back within this long is sent again (it may have been lost)."""
 
 
 def floor_ms(t: float) -> int:
@@ -82,17 +86,26 @@ def floor_ms(t: float) -> int:
     while ms > 0 and ms / 1000 > t:
         ms -= 1
     return ms
-"""A probe not read back within this long is sent again (it may have been lost)."""
+
+
 _SETTLED = frozenset(
     int(t) for t in (MarkerType.END, MarkerType.REDELIVERED, MarkerType.DEAD_LETTERED)
 )
 _STAT = {int(t): t.name.lower() for t in MarkerType}
 MARKER_TYPES = tuple(name for kind, name in _STAT.items() if kind != _PROBE)
 """The ``stats`` keys counting markers read, by type."""
-CAUSES = ("lease_expired", "nacked", "released", "rejected")
+CAUSES = ("lease_expired", "nacked", "released", "rejected", "unread")
 """Why a delivery was redelivered or dead-lettered: ``stats`` counts each outcome under
 ``redeliveries:<cause>`` and ``dead_letters:<cause>`` too."""
 _MAX_LEASE_MS = MAX_REDELIVERY_TIMEOUT_S * 1000
+_NO_START = -1
+UNREAD_REASON = "copy not read: no live consumer reads its partition"
+"""The reason a watched copy's REDELIVERED marker gives when it is copied again."""
+UNREAD_CHECKS = 3
+"""How many times a copy nobody took is looked at before it is no longer watched: a copy
+whose reader stays alive is taken, and one whose queue has no other reader has nowhere
+better to go, so watching it longer would only cost work."""
+"""The START offset of a watched copy, which has none (never in ``_starts``)."""
 
 
 class PartitionState:
@@ -131,6 +144,7 @@ class PartitionState:
         self.highwater: int | None = None
         """The partition's end, as the last fetch response told it (for the lag metric)."""
         self._dead_letter_queues: dict[int, str] = {}  # only for STARTs naming one
+        self._unread: dict[int, tuple[str, int]] = {}  # watched copies: queue, checks left
 
     # -- inputs -----------------------------------------------------------------------
 
@@ -226,14 +240,41 @@ class PartitionState:
             inflight.reason = text.decode("utf-8", "replace") or "rejected"
             self._reschedule(inflight, now)
 
-    def redelivered(self, key: int, *, dead_lettered: bool = False) -> None:
-        """The new copy (or dead letter) and its marker are on the broker: forget the delivery."""
+    def redelivered(
+        self,
+        key: int,
+        *,
+        dead_lettered: bool = False,
+        copy: int | None = None,
+        queue: str = "",
+        now: float = 0.0,
+        unread_s: float = 0.0,
+    ) -> None:
+        """The new copy (or dead letter) and its marker are on the broker: forget the delivery.
+
+        With ``copy`` (the copy's delivery key) and ``unread_s`` > 0, watch the copy until
+        a consumer STARTs it: one not taken within ``unread_s`` comes out of :meth:`due`
+        (with its ``queue``) to be copied again, to a partition someone reads, if the
+        adapter finds that its own has no live reader. Not a lease: nothing is written for
+        it, so a restart forgets it, and it holds back no offset commit."""
         inflight = self._inflight.get(key)
-        if inflight is not None:
-            self._drop(key, inflight)
-            outcome = "dead_letters" if dead_lettered else "redeliveries"
-            self.stats[outcome] += 1
-            self.stats[f"{outcome}:{inflight.cause}"] += 1
+        if inflight is None:
+            return
+        dead_letter_queue = self._dead_letter_queues.get(key)
+        self._drop(key, inflight)
+        outcome = "dead_letters" if dead_lettered else "redeliveries"
+        self.stats[outcome] += 1
+        self.stats[f"{outcome}:{inflight.cause}"] += 1
+        if copy is None or unread_s <= 0 or dead_lettered or copy in self._inflight:
+            return
+        watch = self._inflight[copy] = _InFlight(
+            copy, now + unread_s, _NO_START, inflight.max_attempts, attempt_step=0,
+            reason=UNREAD_REASON, cause="unread",
+        )  # fmt: skip
+        self._deadlines.add(watch)
+        self._unread[copy] = (queue, UNREAD_CHECKS)
+        if dead_letter_queue is not None:
+            self._dead_letter_queues[copy] = dead_letter_queue
 
     def discard(self, key: int, why: str) -> None:
         """Forget a delivery that cannot be redelivered (its record is gone), counting ``why``."""
@@ -249,6 +290,20 @@ class PartitionState:
     def postpone(self, key: int, until: float, why: str = "postponed") -> None:
         """Hold a due redelivery (its queue is paused, say) until ``until``."""
         self._retry(key, until, why)
+
+    def keep_watching(self, key: int, until: float) -> None:
+        """A watched copy came due but needs no second copy yet (its reader is alive, or
+        no one else reads its queue): look again at ``until``, at most
+        :data:`UNREAD_CHECKS` times in all, then stop watching it."""
+        watched = self._unread.get(key)
+        if watched is None:
+            return
+        queue, checks = watched
+        if checks <= 1:
+            self.discard(key, "unread_unwatched")
+            return
+        self._unread[key] = (queue, checks - 1)
+        self._retry(key, until, "unread_waits")
 
     # -- outputs ----------------------------------------------------------------------
 
@@ -275,6 +330,9 @@ class PartitionState:
                     reason=inflight.reason,
                     max_attempts=inflight.max_attempts,
                     dead_letter_queue=self._dead_letter_queues.get(inflight.key, ""),
+                    unread_queue=self._unread[inflight.key][0]
+                    if self._unread and inflight.key in self._unread
+                    else "",
                 )
             )
         return out
@@ -328,7 +386,13 @@ class PartitionState:
 
     @property
     def in_flight(self) -> int:
-        return len(self._inflight)
+        """Deliveries consumers hold (watched copies, which nobody holds yet, are not)."""
+        return len(self._inflight) - len(self._unread)
+
+    @property
+    def watched(self) -> int:
+        """Copies written and not yet taken that are watched (see :meth:`redelivered`)."""
+        return len(self._unread)
 
     def oldest_read_at(self) -> float | None:
         """When the oldest in-flight START was read (this tracker's monotonic clock)."""
@@ -337,7 +401,7 @@ class PartitionState:
         return None
 
     def deliveries(self) -> list[Delivery]:
-        return [split_key(key) for key in self._inflight]
+        return [split_key(key) for key in self._inflight if key not in self._unread]
 
     # -- internals --------------------------------------------------------------------
 
@@ -348,6 +412,21 @@ class PartitionState:
             self.stats["bad_attempt"] += 1  # the record's own attempt header decides
         deadline = now + self._lease_s(entry[5])
         inflight = self._inflight.get(delivery)
+        if inflight is not None and not inflight.redelivering and delivery in self._unread:
+            # A watched copy taken after all: from now on it is a delivery like any other.
+            # (One being copied again right now stays a watch: turned into a lease, a failed
+            # copy would bring it due again after a retry interval, sooner than its lease.)
+            del self._unread[delivery]
+            self.stats["unread_taken"] += 1
+            self._starts.add(offset)
+            self._read_at.setdefault(offset, now)
+            inflight.start_offset, inflight.max_attempts = offset, entry[6]
+            inflight.attempt_step = 1
+            inflight.reason, inflight.cause = "lease expired", "lease_expired"
+            if text:
+                self._dead_letter_queues[delivery] = text.decode("utf-8", "replace")
+            self._reschedule(inflight, deadline)
+            return
         if inflight is not None:
             # The same record started twice: a consumer died between START and offset commit,
             # or a rebalance handed the record to a second consumer. One lease covers both.
@@ -397,3 +476,5 @@ class PartitionState:
             self._read_at.pop(inflight.start_offset, None)
         if self._dead_letter_queues:
             self._dead_letter_queues.pop(key, None)
+        if self._unread:
+            self._unread.pop(key, None)

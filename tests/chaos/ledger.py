@@ -67,6 +67,7 @@ from kmq.markers import Marker, MarkerType, decode_all
 from kmq.records import parse_queue_headers
 from tests.chaos.proxy import Fault
 from tests.chaos.roles import NACK_REASON
+from tracker.state import UNREAD_REASON
 
 SETTLED_TYPES: frozenset[MarkerType] = frozenset(
     t for t in MarkerType if t.name in ("END", "DEAD_LETTERED")
@@ -84,6 +85,10 @@ TIMESTAMP_SLACK_S = 0.005
 PLAUSIBLE_SLACK_S = 5.0
 """How far outside an incarnation's lifetime a START's corrected time may fall and still be
 attributed to it (process start-up and the write-to-ledger lag)."""
+UNREAD_WINDOW_S = 12.0
+"""How long before a watched copy is copied again its reader may have been killed: the copy
+is looked at 2, 4 and 6 s after it was written (tracker defaults), and may have been
+written up to a second after its reader last said it reads there, plus slack."""
 
 Delivery = tuple[int, int, int]
 """(lane, partition, offset): lane 0 is the queue topic, 1 the retry topic."""
@@ -545,6 +550,22 @@ def _check_redeliveries(
             report.unexplained.append(
                 f"{record.message_id} {where(marker)}: released ({marker.reason})"
             )
+            continue
+        if marker.reason == UNREAD_REASON:
+            # A copy nobody took, copied again toward a live reader (the tracker's
+            # unread_copy_s): the consumer reading its retry partition fell silent after it
+            # was written. A worker kill or a network fault shortly before explains that.
+            since = at - UNREAD_WINDOW_S
+            if any(w.killed is not None and since <= w.killed <= at for w in workers.values()):
+                report.causes["unread_reader_killed"] += 1
+            elif checker.fault_between(since, at):
+                report.causes["unread_fault"] += 1
+            else:
+                report.causes["unread_silent"] += 1
+                report.overload.append(
+                    f"unread_silent: {record.message_id} {where(marker)}: copied again at "
+                    f"{at:.3f}, no worker kill or fault in the {UNREAD_WINDOW_S:g} s before"
+                )
             continue
         # The lease expired: was it early, and why did it expire? Holders are the workers that
         # had taken it by then (one that re-read the record later took a duplicate START).

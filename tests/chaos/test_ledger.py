@@ -19,6 +19,7 @@ from tests.chaos.ledger import (
 )
 from tests.chaos.proxy import Fault
 from tests.chaos.roles import NACK_REASON
+from tracker.state import UNREAD_REASON
 
 LEASE_S = 2.0
 T0 = 1_800_000_000.0
@@ -352,3 +353,27 @@ def test_queue_record_skew_is_measured_against_its_send() -> None:
     run = RunLog(1, LEASE_S, 1.0, T0, T0 + 3600, [], [])
     report = check(run, Ledgers(sent={MID: T0 + 10, other: T0 + 20}), MarkerLog(), queue)
     assert report.skewed_records == (1, 1)
+
+
+@pytest.mark.parametrize(
+    ("killed", "faults", "cause"),
+    [
+        (T0 + 8.0, (), "unread_reader_killed"),
+        (None, (Fault("stall", T0 + 7.0, T0 + 9.0, 10, True),), "unread_fault"),
+        (T0 - 30.0, (), "unread_silent"),  # killed long before: no cause of this one
+        (None, (), "unread_silent"),
+    ],
+)
+def test_a_copy_nobody_took_copied_again_is_explained_by_a_kill_or_fault(
+    killed: float | None, faults: tuple[Fault, ...], cause: str
+) -> None:
+    report = run_check(
+        [worker("w0.1", 0.0, killed=killed), worker("w1.1", 0.0)],
+        [event("took", "w1.1", T0 + 11, attempt=2)],
+        [marker(MarkerType.REDELIVERED, T0 + 10, attempt=2, reason=UNREAD_REASON)],
+        faults,
+    )
+    assert report.causes == {cause: 1}
+    assert report.unexplained == [] and report.early == []
+    assert len(report.overload) == (cause == "unread_silent")
+    assert report.delays_beyond_lease_s == [], "no holder's lease to time it from"

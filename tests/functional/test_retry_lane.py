@@ -128,6 +128,76 @@ def test_a_killed_holders_copies_reach_a_live_reader_before_its_group_notices(
         )
 
 
+def test_a_copy_whose_reader_froze_is_copied_again_to_a_live_one(
+    broker: Broker,
+    topics: Topics,
+    make_service: Callable[..., kmq.Service],
+    tracker: Tracker,
+    children: Children,
+) -> None:
+    """A copy goes to the retry partition of a consumer that was live when it was written;
+    that consumer then stops (SIGSTOP: it stays in its group until its 30 s session runs
+    out). Nobody takes the copy, its partition falls silent, and the tracker copies it
+    again to a consumer still heard from, long before the group would move the partition."""
+    session_ms = 30_000
+    service = make_service(session_timeout_ms=session_ms)
+    queue = service.queue("jobs")
+    # The worker holds what it takes (keep-alives: it is heard from) and, full, takes no copy.
+    argv = worker_argv(broker, topics, "jobs", "w1", max_in_flight=4, hang_after=0)
+    argv[argv.index("--session-timeout-ms") + 1] = str(session_ms)
+    worker = children.python("worker", *argv)
+    worker.wait_for('"event": "ready"', 30)
+    window = service.write_partitions("jobs")
+    retry_window = service.write_partitions("jobs", topics.retry)
+    with queue.consumer(max_in_flight=8) as consumer:
+
+        def settled() -> bool:
+            mine = consumer.assignment()
+            theirs = [e for e in worker.events() if e.get("event") == "assignment"]
+            return (
+                len(mine) == 1
+                and consumer.retry_assignment() == mirrored(window, retry_window, mine)
+                and bool(theirs)
+                and set(theirs[-1]["queue"]) == set(window) - mine
+            )
+
+        wait_until(settled, 60, "each member to read one queue partition")
+        mine = consumer.assignment()
+        producer = queue.producer()
+        for i in range(8):  # alternating partitions: four for each member
+            producer.send(f"m{i}".encode())
+        worker.wait_for('"event": "holding"', 30, count=4)
+        taken = [consumer.receive(timeout_s=15) for _ in range(4)]
+        assert all(m is not None and m.attempt == 1 for m in taken)
+        kept, nacked, *done = [m for m in taken if m is not None]
+        for m in done:
+            m.ack()
+        # `kept` is held (keep-alives: this consumer stays heard from); `nacked` goes back
+        # now, and its copy to the retry partition of the worker, the other live reader.
+        nacked.nack(delay_s=0, reason="elsewhere, please")
+        wait_until(
+            lambda: tracker.stats()["redeliveries:nacked"] == 1, 15, "the copy to be written"
+        )
+        os.kill(worker.pid, signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        back = None
+        while back is None and time.monotonic() - frozen_at < 15:
+            msg = consumer.receive(timeout_s=0.5)
+            if msg is None:
+                continue
+            if msg.id == nacked.id:
+                back = msg
+            msg.ack()  # the worker's held messages come back too, once their leases run out
+        waited_s = time.monotonic() - frozen_at
+        os.kill(worker.pid, signal.SIGKILL)
+        assert back is not None, "the copy waited for the frozen worker's group session"
+        assert back.attempt == 2, "the same attempt: the first copy was never delivered"
+        assert tracker.stats()["redeliveries:unread"] >= 1
+        assert consumer.assignment() == mine, "it came before any rebalance"
+        assert waited_s < session_ms / 1000 / 2, waited_s
+        kept.ack()
+
+
 def test_the_tracker_hears_which_retry_partitions_a_live_consumer_reads(
     service: kmq.Service, tracker: Tracker
 ) -> None:

@@ -19,6 +19,16 @@ class Sent:
     partition: int | None
 
 
+@dataclass(frozen=True)
+class Landed:
+    """What a stub send's future resolves to: the fields of kafka-python's RecordMetadata
+    that kmq reads."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
 @dataclass
 class StubTxnProducer:
     """A transactional producer. ``fail`` maps a method name (``init_transactions``,
@@ -63,7 +73,9 @@ class StubTxnProducer:
         if exc is not None:
             raise exc
         self.sent.append(Sent(topic, key, value, headers, partition))
-        return Future().success(None)
+        # Like RecordMetadata: where it landed, each partition's offsets counting from 0.
+        offset = sum(1 for s in self.sent[:-1] if (s.topic, s.partition) == (topic, partition))
+        return Future().success(Landed(topic, partition if partition is not None else 0, offset))
 
     def send_offsets_to_transaction(self, offsets: dict[Any, Any], group_metadata: Any) -> None:
         self._call("send_offsets_to_transaction")

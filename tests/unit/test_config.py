@@ -200,7 +200,13 @@ BAD_TRACKER = [
     ("max_redeliveries_per_round", 1.5),
     ("max_message_bytes", 1023),
     ("max_message_bytes", True),
+    *[("unread_copy_s", v) for v in (-1, math.nan, 3601, "2", True, False)],
 ]
+
+
+def test_unread_copies_may_be_left_unwatched() -> None:
+    assert TrackerConfig(bootstrap_servers=BOOTSTRAP).unread_copy_s == 2.0
+    assert TrackerConfig(bootstrap_servers=BOOTSTRAP, unread_copy_s=0).unread_copy_s == 0
 
 
 @pytest.mark.parametrize(("field", "value"), BAD_TRACKER)

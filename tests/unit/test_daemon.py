@@ -25,12 +25,13 @@ from kafka.errors import (
 )
 from kafka.structs import ConsumerGroupMetadata, MemberState
 
-from kmq.markers import QUEUE_LANE, MarkerType, decode, encode_entries
+from kmq.markers import QUEUE_LANE, RETRY_LANE, MarkerType, decode, encode_entries
 from kmq.records import delivery_key, queue_headers
 from tests.unit.kafka_stubs import StubTxnProducer
 from tracker.config import TrackerConfig
 from tracker.daemon import Tracker
 from tracker.fencing import FenceWatch, PartitionWriters
+from tracker.readers import LiveReaders
 from tracker.redeliver import Redeliverer, copy_of
 from tracker.reread import ReadResult, Record
 from tracker.state import Due, PartitionState
@@ -178,9 +179,11 @@ class Harness:
         t._redeliverer = Redeliverer(
             CONFIG.queue_topic, CONFIG.retry_topic, CONFIG.marker_topic, lambda t, q: (0, 1)
         )
+        t._readers = LiveReaders()
         raw: Any = t  # typed as the real ControlWatcher and RecordReader
         raw._pauses = StubPauses()
         raw._records = self.records
+        raw._partitions_of = lambda topic, queue: (0, 1)  # every queue's window
         self.tracker = t
         self.states = dict(t._states)
 
@@ -503,3 +506,64 @@ def test_taking_a_fenced_partition_back_leaves_kept_ones_alone() -> None:
     assert t.partitions() == [0, 1] and t._kept == {0}
     t._on_assigned([0, 1])
     assert t._reclaim == {0}, "only the kept one is claimed again; 1 was claimed afresh"
+
+
+# -- copies nobody takes ----------------------------------------------------------------------
+
+
+def test_a_written_copy_is_watched_where_it_landed() -> None:
+    h = Harness(partitions=(0,))
+    h.claim(0)
+    h.tracker._redeliver()
+    state, txn = h.states[0], h.producers.last(0)
+    copy = txn.sent[0]
+    assert copy.topic == CONFIG.retry_topic and copy.partition is not None
+    assert (state.in_flight, state.watched) == (0, 1)
+    [(key, (queue, _))] = state._unread.items()
+    assert (key, queue) == (delivery_key(RETRY_LANE, copy.partition, 0), "orders")
+
+
+def watched_copy_due(h: Harness, partition: int = 0) -> int:
+    """Markers partition 0's one delivery copied to retry partition ``partition`` long
+    enough ago that its watch is due; returns the copy's delivery key."""
+    state = h.states[0]
+    [due] = state.due(time.monotonic())
+    key = delivery_key(RETRY_LANE, partition, 40)
+    state.redelivered(due.key, copy=key, queue="orders", now=time.monotonic() - 10, unread_s=2)
+    return key
+
+
+@pytest.mark.parametrize(
+    ("live", "copied_again"),
+    [
+        ((), False),  # nobody reads the queue: nowhere better to go
+        ((0,), False),  # its reader is alive: it is coming
+        ((0, 1), False),
+        ((1,), True),  # its reader went silent, another reads: copy it there
+    ],
+)
+def test_a_copy_nobody_took_is_copied_again_only_toward_a_live_reader(
+    live: tuple[int, ...], copied_again: bool
+) -> None:
+    h = Harness(partitions=(0,))
+    h.claim(0)
+    key = watched_copy_due(h)
+    reads = f"orders {','.join(map(str, live))}".encode()
+    if live:
+        h.tracker._readers.note([("kmq.reads", reads)], time.monotonic())
+    h.tracker._redeliver()
+    state = h.states[0]
+    if copied_again:
+        txn = h.producers.last(0)
+        assert [d.key for d in h.records.asked[-1]] == [key]
+        assert txn.sent[0].partition == 1, "to the partition a live consumer reads"
+        marker = decode(txn.sent[1].value)
+        assert marker.type is MarkerType.REDELIVERED and (marker.lane, marker.partition) == (
+            RETRY_LANE,
+            0,
+        )
+        assert state.stats["redeliveries:unread"] == 1
+        assert state.watched == 1, "the new copy is watched in turn"
+    else:
+        assert h.records.asked == [] and state.stats["unread_waits"] == 1
+        assert state.watched == 1 and state.next_deadline() is not None

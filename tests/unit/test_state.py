@@ -1392,3 +1392,126 @@ class ProbingStateMachine(PartitionStateMachine):
 
 TestProbingStateMachine = ProbingStateMachine.TestCase
 TestProbingStateMachine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+
+
+# -- watched copies (PartitionState.redelivered with copy=) -------------------------------------
+
+COPY: Delivery = (RETRY_LANE, 5, 900)
+COPY_KEY = delivery_key(*COPY)
+UNREAD_S = 2.0
+
+
+def redelivered_with_watch(**start: object) -> tuple[PartitionState, int]:
+    """A delivery whose lease ran out at LEASE_S and whose copy (COPY) was written then and
+    is watched; returns the state and the original START's offset."""
+    state = caught_up(position=7)
+    start_offset = feed(state, marker(S, **start), 0)  # type: ignore[arg-type]
+    [due] = state.due(LEASE_S)
+    state.redelivered(due.key, copy=COPY_KEY, queue="orders", now=LEASE_S, unread_s=UNREAD_S)
+    return state, start_offset
+
+
+def test_a_copy_nobody_takes_comes_due_with_its_queue_after_unread_s() -> None:
+    state, _ = redelivered_with_watch(max_attempts=5, dlq="orders.bad")
+    assert (state.in_flight, state.watched) == (0, 1), "a watch is held by nobody"
+    assert state.deliveries() == []
+    assert state.commit_offset() == state.position, "a watch holds back no commit"
+    assert state.due(LEASE_S + UNREAD_S - 0.001) == []
+    [due] = state.due(LEASE_S + UNREAD_S)
+    assert (due.key, due.unread_queue, due.attempt_step) == (COPY_KEY, "orders", 0)
+    assert (due.max_attempts, due.dead_letter_queue) == (5, "orders.bad"), "from the START"
+    assert due.start_offset < 0
+    state.redelivered(due.key)  # copied again (no new watch asked for)
+    assert (state.watched, state.stats["redeliveries:unread"]) == (0, 1)
+
+
+def test_a_watched_copy_taken_becomes_a_lease_like_any_other() -> None:
+    state, _ = redelivered_with_watch()
+    taken = feed(state, marker(S, COPY, attempt=ATTEMPT + 1), LEASE_S + 1)
+    assert (state.in_flight, state.watched, state.stats["unread_taken"]) == (1, 0, 1)
+    assert state.stats["duplicate_start"] == 0
+    assert state.commit_offset() == taken, "its START now holds back the commit"
+    assert state.due(LEASE_S + 1 + LEASE_S - 0.001) == [], "never before its own lease"
+    [due] = state.due(LEASE_S + 1 + LEASE_S)
+    assert (due.key, due.unread_queue, due.attempt_step) == (COPY_KEY, "", 1)
+    assert (due.start_offset, due.reason) == (taken, "lease expired")
+
+
+def test_a_watched_copy_acked_is_forgotten() -> None:
+    state, _ = redelivered_with_watch()
+    feed(state, marker(S, COPY), LEASE_S + 0.5)
+    feed(state, marker(E, COPY), LEASE_S + 0.6)
+    assert (state.in_flight, state.watched, state.next_deadline()) == (0, 0, None)
+
+
+def test_a_watch_is_looked_at_a_few_times_then_dropped() -> None:
+    from tracker.state import UNREAD_CHECKS
+
+    state, _ = redelivered_with_watch()
+    now = LEASE_S + UNREAD_S
+    for check in range(1, UNREAD_CHECKS):
+        [due] = state.due(now)
+        state.keep_watching(due.key, now + UNREAD_S)
+        assert state.due(now + UNREAD_S - 0.001) == [] and state.watched == 1
+        assert state.stats["unread_waits"] == check
+        now += UNREAD_S
+    [due] = state.due(now)
+    state.keep_watching(due.key, now + UNREAD_S)
+    assert (state.watched, state.next_deadline(), state.stats["unread_unwatched"]) == (0, None, 1)
+    state.keep_watching(due.key, now + UNREAD_S)  # a late second report is harmless
+
+
+def test_a_watched_copy_taken_while_being_copied_again_stays_a_watch() -> None:
+    state, _ = redelivered_with_watch()
+    [due] = state.due(LEASE_S + UNREAD_S)
+    feed(state, marker(S, COPY), LEASE_S + UNREAD_S + 0.1)
+    assert state.watched == 1 and state.stats["duplicate_start"] == 1
+    # The second copy fails: it is a watch again, due after the retry interval, not a lease.
+    state.redelivery_failed(due.key, LEASE_S + UNREAD_S + 0.2, retry_after_s=1.0)
+    [again] = state.due(LEASE_S + UNREAD_S + 1.2)
+    assert again.unread_queue == "orders"
+
+
+@pytest.mark.parametrize(
+    ("dead_lettered", "unread_s", "copy"),
+    [(True, UNREAD_S, COPY_KEY), (False, 0.0, COPY_KEY), (False, UNREAD_S, None)],
+    ids=["dead-letter", "watching-off", "where-unknown"],
+)
+def test_no_watch_for_dead_letters_or_when_off(
+    dead_lettered: bool, unread_s: float, copy: int | None
+) -> None:
+    state = caught_up()
+    feed(state, marker(S), 0)
+    [due] = state.due(LEASE_S)
+    state.redelivered(
+        due.key, dead_lettered=dead_lettered, copy=copy, queue="q", now=LEASE_S, unread_s=unread_s
+    )
+    assert (state.watched, state.next_deadline()) == (0, None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    taken_after=st.one_of(st.none(), st.floats(0.0, 10.0)),
+    lease_ms=st.integers(1, 60_000),
+    asked=st.lists(st.floats(0.0, 80.0), min_size=1, max_size=6),
+)
+def test_watched_copies_never_come_due_early(
+    taken_after: float | None, lease_ms: int, asked: list[float]
+) -> None:
+    """Untaken, a watch is not due before ``unread_s``; taken, not before its own lease
+    from when its START was read; and it never holds back the offset commit untaken."""
+    state, _ = redelivered_with_watch()
+    taken_at = None if taken_after is None else LEASE_S + taken_after
+    fed = False
+    for t in sorted(LEASE_S + a for a in asked):
+        if taken_at is not None and not fed and t >= taken_at:
+            feed(state, marker(S, COPY, after_ms=lease_ms), taken_at)
+            fed = True
+        if not fed:
+            assert state.commit_offset() == state.position
+        for d in state.due(t):
+            if d.unread_queue:
+                assert t >= LEASE_S + UNREAD_S
+            else:
+                assert taken_at is not None and t >= taken_at + lease_ms / 1000
+            state.redelivered(d.key)
