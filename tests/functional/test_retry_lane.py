@@ -14,7 +14,7 @@ import kmq
 from kmq.layout import mirrored
 from kmq.records import new_message_id, queue_headers
 from tests.functional.conftest import REDELIVERY_TIMEOUT_S, Broker, Topics, worker_argv
-from tests.functional.helpers import Children, wait_until
+from tests.functional.helpers import Child, Children, wait_until
 from tracker.daemon import Tracker
 
 BACKLOG = 10_000
@@ -62,6 +62,38 @@ def test_copies_overtake_a_backlog_of_ten_thousand(service: kmq.Service, tracker
         assert seen < BACKLOG / 2, "the backlog had mostly drained: the test proves nothing"
 
 
+def holding_worker(broker: Broker, topics: Topics, children: Children, session_ms: int) -> Child:
+    """A worker process on queue "jobs" that holds the four messages it takes, unsettled."""
+    argv = worker_argv(broker, topics, "jobs", "w1", max_in_flight=4, hang_after=0)
+    argv[argv.index("--session-timeout-ms") + 1] = str(session_ms)
+    worker = children.python("worker", *argv)
+    worker.wait_for('"event": "ready"', 30)
+    return worker
+
+
+def wait_for_one_partition_each(
+    service: kmq.Service, topics: Topics, consumer: kmq.Consumer, worker: Child
+) -> None:
+    """Until the consumer and the worker each read one of the two queue partitions of
+    "jobs" and the retry partition that goes with it (none on its way between them)."""
+    window = service.write_partitions("jobs")
+    retry_window = service.write_partitions("jobs", topics.retry)
+    assert len(window) == len(retry_window) == 2
+
+    def settled() -> bool:
+        mine = consumer.assignment()
+        theirs = [e for e in worker.events() if e.get("event") == "assignment"]
+        return (
+            len(mine) == 1
+            and consumer.retry_assignment() == mirrored(window, retry_window, mine)
+            and bool(theirs)
+            and set(theirs[-1]["queue"]) == set(window) - mine
+            and set(theirs[-1]["retry"]) == set(retry_window) - consumer.retry_assignment()
+        )
+
+    wait_until(settled, 60, "each member to read the retry partition of its queue partition")
+
+
 def test_a_killed_holders_copies_reach_a_live_reader_before_its_group_notices(
     broker: Broker,
     topics: Topics,
@@ -76,29 +108,9 @@ def test_a_killed_holders_copies_reach_a_live_reader_before_its_group_notices(
     session_ms = 6000  # copies are due after the 1 s lease: far sooner than this
     service = make_service(session_timeout_ms=session_ms)
     queue = service.queue("jobs")
-    argv = worker_argv(broker, topics, "jobs", "w1", max_in_flight=4, hang_after=0)
-    argv[argv.index("--session-timeout-ms") + 1] = str(session_ms)
-    worker = children.python("worker", *argv)
-    worker.wait_for('"event": "ready"', 30)
-    window = service.write_partitions("jobs")
-    retry_window = service.write_partitions("jobs", topics.retry)
-    assert len(window) == len(retry_window) == 2
+    worker = holding_worker(broker, topics, children, session_ms)
     with queue.consumer(max_in_flight=8) as consumer:
-
-        def settled() -> bool:
-            """Each member reads one queue partition and the retry partition that goes with
-            it (so no partition is still on its way between them)."""
-            mine = consumer.assignment()
-            theirs = [e for e in worker.events() if e.get("event") == "assignment"]
-            return (
-                len(mine) == 1
-                and consumer.retry_assignment() == mirrored(window, retry_window, mine)
-                and bool(theirs)
-                and set(theirs[-1]["queue"]) == set(window) - mine
-                and set(theirs[-1]["retry"]) == set(retry_window) - consumer.retry_assignment()
-            )
-
-        wait_until(settled, 60, "each member to read the retry partition of its queue partition")
+        wait_for_one_partition_each(service, topics, consumer, worker)
         mine = consumer.assignment()
         producer = queue.producer()
         for i in range(8):  # alternating partitions: four for each member
@@ -143,25 +155,9 @@ def test_a_copy_whose_reader_froze_is_copied_again_to_a_live_one(
     service = make_service(session_timeout_ms=session_ms)
     queue = service.queue("jobs")
     # The worker holds what it takes (keep-alives: it is heard from) and, full, takes no copy.
-    argv = worker_argv(broker, topics, "jobs", "w1", max_in_flight=4, hang_after=0)
-    argv[argv.index("--session-timeout-ms") + 1] = str(session_ms)
-    worker = children.python("worker", *argv)
-    worker.wait_for('"event": "ready"', 30)
-    window = service.write_partitions("jobs")
-    retry_window = service.write_partitions("jobs", topics.retry)
+    worker = holding_worker(broker, topics, children, session_ms)
     with queue.consumer(max_in_flight=8) as consumer:
-
-        def settled() -> bool:
-            mine = consumer.assignment()
-            theirs = [e for e in worker.events() if e.get("event") == "assignment"]
-            return (
-                len(mine) == 1
-                and consumer.retry_assignment() == mirrored(window, retry_window, mine)
-                and bool(theirs)
-                and set(theirs[-1]["queue"]) == set(window) - mine
-            )
-
-        wait_until(settled, 60, "each member to read one queue partition")
+        wait_for_one_partition_each(service, topics, consumer, worker)
         mine = consumer.assignment()
         producer = queue.producer()
         for i in range(8):  # alternating partitions: four for each member
