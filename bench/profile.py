@@ -129,3 +129,44 @@ def keep_profiles(name: str, results: JSON, dest: Path) -> None:
                 kept.append(str(target.relative_to(dest.parent.parent)))
         if side in results:
             results[side]["files"] = kept
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.profile QUEUES MESSAGES NAME``: one kmq and one raw end-to-end run
+    on a fresh embedded broker, profiled (needs py-spy), with their CPU per message; the
+    collapsed stacks go to ``bench/results/NAME-*.txt``, the figures to ``NAME.json``."""
+    import json
+    import sys
+    import tempfile
+
+    from kmq.dev.embedded import EmbeddedBroker
+
+    queues, count, name = (argv if argv is not None else sys.argv[1:])[:3]
+    work = Path(tempfile.mkdtemp(prefix="kmq-profile-"))
+    results: JSON = {"queues": int(queues), "messages": int(count)}
+    with EmbeddedBroker(log_path=work / "tansu.log") as broker:
+        ctx = Context(
+            bootstrap_servers=broker.bootstrap_servers,
+            session_timeout_ms=2000,
+            quick=True,
+            broker="embedded Tansu 0.6 (in memory)",
+            work_dir=work,
+            broker_pid=broker.process.pid if broker.process else None,
+        )
+        for side in ("kmq", "raw"):
+            run = Run(side=side, queues=int(queues), count=int(count), profile=f"profile-{side}")
+            result = run_pipeline(ctx, run)
+            results[side] = {
+                "acked_per_s": result["acked_per_s"],
+                "cpu_us_per_msg": result["cpu_us_per_msg"],
+                "files": result.get("profiles"),
+            }
+            print(side, json.dumps(results[side]), flush=True)
+    dest = Path(__file__).parent / "results"
+    keep_profiles(name, results, dest)
+    (dest / f"{name}.json").write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
