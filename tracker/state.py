@@ -99,13 +99,13 @@ CAUSES = ("lease_expired", "nacked", "released", "rejected", "unread")
 ``redeliveries:<cause>`` and ``dead_letters:<cause>`` too."""
 _MAX_LEASE_MS = MAX_REDELIVERY_TIMEOUT_S * 1000
 _NO_START = -1
+"""The START offset of a watched copy, which has none (never in ``_starts``)."""
 UNREAD_REASON = "copy not read: no live consumer reads its partition"
 """The reason a watched copy's REDELIVERED marker gives when it is copied again."""
 UNREAD_CHECKS = 3
 """How many times a copy nobody took is looked at before it is no longer watched: a copy
 whose reader stays alive is taken, and one whose queue has no other reader has nowhere
 better to go, so watching it longer would only cost work."""
-"""The START offset of a watched copy, which has none (never in ``_starts``)."""
 
 
 class PartitionState:
