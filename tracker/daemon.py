@@ -519,7 +519,7 @@ class Tracker:
                 continue
             state = self._states.get(d.marker_partition)
             if state is not None:
-                state.keep_watching(d.key, now + self.config.unread_copy_s)
+                state.keep_watching(d.key, now, self.config.unread_copy_s)
         return out
 
     def _claim_again(self, partition: int, state: PartitionState) -> bool:

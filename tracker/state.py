@@ -102,10 +102,11 @@ _NO_START = -1
 """The START offset of a watched copy, which has none (never in ``_starts``)."""
 UNREAD_REASON = "copy not read: no live consumer reads its partition"
 """The reason a watched copy's REDELIVERED marker gives when it is copied again."""
-UNREAD_CHECKS = 3
-"""How many times a copy nobody took is looked at before it is no longer watched: a copy
-whose reader stays alive is taken, and one whose queue has no other reader has nowhere
-better to go, so watching it longer would only cost work."""
+UNREAD_CHECKS = 4
+"""How many times a copy nobody took is looked at, each wait twice the one before (with
+the default 2 s: 2, 6, 14 and 30 s after it was written), before it is no longer watched:
+a reader stalled for a while can still take it or die, but one whose queue has no other
+reader has nowhere better to go, and watching it for ever would only cost work."""
 
 
 class PartitionState:
@@ -291,10 +292,11 @@ class PartitionState:
         """Hold a due redelivery (its queue is paused, say) until ``until``."""
         self._retry(key, until, why)
 
-    def keep_watching(self, key: int, until: float) -> None:
+    def keep_watching(self, key: int, now: float, unread_s: float) -> None:
         """A watched copy came due but needs no second copy yet (its reader is alive, or
-        no one else reads its queue): look again at ``until``, at most
-        :data:`UNREAD_CHECKS` times in all, then stop watching it."""
+        no one else reads its queue): look again later, each wait twice the one before
+        (the first was ``unread_s``), :data:`UNREAD_CHECKS` times in all, then stop
+        watching it."""
         watched = self._unread.get(key)
         if watched is None:
             return
@@ -303,7 +305,7 @@ class PartitionState:
             self.discard(key, "unread_unwatched")
             return
         self._unread[key] = (queue, checks - 1)
-        self._retry(key, until, "unread_waits")
+        self._retry(key, now + unread_s * 2 ** (UNREAD_CHECKS - checks + 1), "unread_waits")
 
     # -- outputs ----------------------------------------------------------------------
 

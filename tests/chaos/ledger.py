@@ -85,9 +85,9 @@ TIMESTAMP_SLACK_S = 0.005
 PLAUSIBLE_SLACK_S = 5.0
 """How far outside an incarnation's lifetime a START's corrected time may fall and still be
 attributed to it (process start-up and the write-to-ledger lag)."""
-UNREAD_WINDOW_S = 12.0
+UNREAD_WINDOW_S = 36.0
 """How long before a watched copy is copied again its reader may have been killed: the copy
-is looked at 2, 4 and 6 s after it was written (tracker defaults), and may have been
+is looked at 2, 6, 14 and 30 s after it was written (tracker defaults), and may have been
 written up to a second after its reader last said it reads there, plus slack."""
 
 Delivery = tuple[int, int, int]

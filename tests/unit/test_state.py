@@ -1449,16 +1449,20 @@ def test_a_watch_is_looked_at_a_few_times_then_dropped() -> None:
 
     state, _ = redelivered_with_watch()
     now = LEASE_S + UNREAD_S
+    looked_at = [UNREAD_S]  # after the copy was written
     for check in range(1, UNREAD_CHECKS):
         [due] = state.due(now)
-        state.keep_watching(due.key, now + UNREAD_S)
-        assert state.due(now + UNREAD_S - 0.001) == [] and state.watched == 1
+        state.keep_watching(due.key, now, UNREAD_S)
+        wait = UNREAD_S * 2**check  # each wait twice the one before
+        assert state.due(now + wait - 0.001) == [] and state.watched == 1
         assert state.stats["unread_waits"] == check
-        now += UNREAD_S
+        now += wait
+        looked_at.append(now - LEASE_S)
+    assert looked_at == [2.0, 6.0, 14.0, 30.0][:UNREAD_CHECKS]
     [due] = state.due(now)
-    state.keep_watching(due.key, now + UNREAD_S)
+    state.keep_watching(due.key, now, UNREAD_S)
     assert (state.watched, state.next_deadline(), state.stats["unread_unwatched"]) == (0, None, 1)
-    state.keep_watching(due.key, now + UNREAD_S)  # a late second report is harmless
+    state.keep_watching(due.key, now, UNREAD_S)  # a late second report is harmless
 
 
 def test_a_watched_copy_taken_while_being_copied_again_stays_a_watch() -> None:
