@@ -1034,7 +1034,8 @@ class Consumer:
         test with two proxy replicas writing to one partition at once lost three records near
         its head. If it cannot be told, that poll goes unchecked as before."""
         client = self._client(tp)
-        timeout_ms = int(self._request_timeout_s * 1000)
+        # Not for longer than half a keep-alive interval: this thread writes the keep-alives.
+        timeout_ms = max(100, int(min(self._request_timeout_s, self._keepalive_s / 2) * 1000))
         try:
             start = client.committed(tp, timeout_ms=timeout_ms)
             if start is None:

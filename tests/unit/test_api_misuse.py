@@ -463,6 +463,7 @@ def _seeking_consumer(
     consumer._retry_topic = "q.retry"
     consumer.queue = "q"
     consumer._request_timeout_s = 5.0
+    consumer._keepalive_s = 10.0
     consumer._continuity = Continuity()
     return consumer, stub
 
