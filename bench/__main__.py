@@ -80,6 +80,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--name",
         help="results go to bench/results/<name>.{json,md} (default: quick or full)",
     )
+    parser.add_argument(
+        "--profile-queues", type=int, default=1, help="logical queues of the profile runs"
+    )
+    parser.add_argument(
+        "--profile-messages",
+        type=int,
+        default=0,
+        help="messages of the profile runs (default 15,000 with --quick, else 40,000)",
+    )
     parser.add_argument("--keep-work-dir", action="store_true", help="keep child logs")
     return parser.parse_args(argv)
 
@@ -140,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             broker=broker,
             work_dir=work_dir,
             broker_pid=broker_pid,
+            profile_queues=args.profile_queues,
+            profile_messages=args.profile_messages,
         )
         ctx.results = results["sections"]
         results["broker"] = broker

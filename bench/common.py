@@ -48,6 +48,10 @@ class Context:
     """The embedded broker's process, for its CPU time; None for an external broker."""
     results: JSON = field(default_factory=dict)
     """Section results so far, keyed by section name (later sections reuse earlier ones)."""
+    profile_queues: int = 1
+    """Logical queues of the profile section's runs."""
+    profile_messages: int = 0
+    """Messages of the profile section's runs; 0: its default (15,000 quick, 40,000 full)."""
 
     def say(self, text: str) -> None:
         print(f"[bench {time.strftime('%H:%M:%S')}] {text}", flush=True)

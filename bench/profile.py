@@ -82,13 +82,14 @@ def summarize_stacks(path: Path, top: int = 15) -> JSON:
 
 
 def run(ctx: Context) -> JSON:
-    count = 15_000 if ctx.quick else 40_000
+    count = ctx.profile_messages or (15_000 if ctx.quick else 40_000)
+    queues = ctx.profile_queues
     sampler = "py-spy record --rate 500 --nonblocking --threads --gil"
-    results: JSON = {"settings": {"sampler": sampler}}
+    results: JSON = {"settings": {"sampler": sampler, "queues": queues, "messages": count}}
     for side in ("kmq", "raw"):
         stem = f"profile-{side}"
-        ctx.say(f"profile: {side} e2e, 1 queue, {count:,} messages, py-spy on the consumer")
-        result = run_pipeline(ctx, Run(side=side, queues=1, count=count, profile=stem))
+        ctx.say(f"profile: {side} e2e, {queues} queue(s), {count:,} messages, py-spy on each")
+        result = run_pipeline(ctx, Run(side=side, queues=queues, count=count, profile=stem))
         results[side] = {
             "acked_per_s": result["acked_per_s"],
             "cpu_us_per_msg": result["cpu_us_per_msg"],
@@ -130,43 +131,3 @@ def keep_profiles(name: str, results: JSON, dest: Path) -> None:
         if side in results:
             results[side]["files"] = kept
 
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m bench.profile QUEUES MESSAGES NAME``: one kmq and one raw end-to-end run
-    on a fresh embedded broker, profiled (needs py-spy), with their CPU per message; the
-    collapsed stacks go to ``bench/results/NAME-*.txt``, the figures to ``NAME.json``."""
-    import json
-    import sys
-    import tempfile
-
-    from kmq.dev.embedded import EmbeddedBroker
-
-    queues, count, name = (argv if argv is not None else sys.argv[1:])[:3]
-    work = Path(tempfile.mkdtemp(prefix="kmq-profile-"))
-    results: JSON = {"queues": int(queues), "messages": int(count)}
-    with EmbeddedBroker(log_path=work / "tansu.log") as broker:
-        ctx = Context(
-            bootstrap_servers=broker.bootstrap_servers,
-            session_timeout_ms=2000,
-            quick=True,
-            broker="embedded Tansu 0.6 (in memory)",
-            work_dir=work,
-            broker_pid=broker.process.pid if broker.process else None,
-        )
-        for side in ("kmq", "raw"):
-            run = Run(side=side, queues=int(queues), count=int(count), profile=f"profile-{side}")
-            result = run_pipeline(ctx, run)
-            results[side] = {
-                "acked_per_s": result["acked_per_s"],
-                "cpu_us_per_msg": result["cpu_us_per_msg"],
-                "files": result.get("profiles"),
-            }
-            print(side, json.dumps(results[side]), flush=True)
-    dest = Path(__file__).parent / "results"
-    keep_profiles(name, results, dest)
-    (dest / f"{name}.json").write_text(json.dumps(results, indent=1) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

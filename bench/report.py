@@ -466,7 +466,10 @@ def _producer(section: JSON) -> list[str]:
 
 
 def _profile(section: JSON) -> list[str]:
-    lines = ["## Profile (py-spy, 1 queue, unpaced)", ""]
+    settings = section.get("settings", {})
+    queues, messages = settings.get("queues", 1), settings.get("messages")
+    size = f", {messages:,} messages" if messages else ""
+    lines = [f"## Profile (py-spy, {queues} queue(s){size}, unpaced)", ""]
     roles = (
         ("kmq", "consumer"), ("kmq", "tracker"), ("kmq", "producer"),
         ("raw", "consumer"), ("raw", "producer"),
