@@ -18,6 +18,10 @@ knob is an environment variable; ``make chaos`` runs the full one::
                             every group's session timeout (2000; full run 6000, because a
                             2-core machine saturated for half an hour misses 2 s heartbeats
                             and its groups then never stop rebalancing)
+    KMQ_CHAOS_TRACKER_SESSION_TIMEOUT_MS
+                            the trackers' group only (the one above; full run 3000: a
+                            killed tracker's partitions wait this long, plus a join, before
+                            another replica redelivers from them)
     KMQ_CHAOS_WORKER_KILL_EVERY_S, KMQ_CHAOS_TRACKER_KILL_EVERY_S
                             mean time between kills (5 and 15; full run 20 and 60, so the
                             groups get to settle between kills at 6 s sessions)
@@ -95,6 +99,8 @@ class Params:
     drain_s: float
     session_timeout_ms: int = 2000
     """Tansu settles a group in about half the session timeout."""
+    tracker_session_timeout_ms: int = 0
+    """The trackers' group's; 0: ``session_timeout_ms``."""
     queues: int = 4
     producers: int = len(PRODUCER_SKEWS_S)
     worker_max_in_flight: int = 10
@@ -123,6 +129,7 @@ class Params:
             trackers=int(_env_number("KMQ_CHAOS_TRACKERS", 2)),
             drain_s=_env_number("KMQ_CHAOS_DRAIN_S", 120.0),
             session_timeout_ms=int(_env_number("KMQ_CHAOS_SESSION_TIMEOUT_MS", 2000)),
+            tracker_session_timeout_ms=int(_env_number("KMQ_CHAOS_TRACKER_SESSION_TIMEOUT_MS", 0)),
             worker_kill_every_s=_env_number("KMQ_CHAOS_WORKER_KILL_EVERY_S", 5.0),
             tracker_kill_every_s=_env_number("KMQ_CHAOS_TRACKER_KILL_EVERY_S", 15.0),
             worker_max_in_flight=int(_env_number("KMQ_CHAOS_MAX_IN_FLIGHT", 10)),
@@ -149,9 +156,13 @@ class Params:
         return self.drain_s + self.messages / 25
 
     @property
+    def tracker_session_ms(self) -> int:
+        return self.tracker_session_timeout_ms or self.session_timeout_ms
+
+    @property
     def fault_grace_s(self) -> float:
         """After a fault: a session timeout, a group join, and a lease of catching up."""
-        return 2 * self.session_timeout_ms / 1000 + self.lease_s
+        return 2 * max(self.session_timeout_ms, self.tracker_session_ms) / 1000 + self.lease_s
 
     @property
     def timeout_s(self) -> float:
@@ -168,7 +179,8 @@ class Params:
         return (
             f"queues={self.queues} workers={self.workers} trackers={self.trackers} "
             f"producers={self.producers} lease={self.lease_s:g}s chaos={self.chaos_s:g}s "
-            f"session={self.session_timeout_ms}ms kill_every={self.worker_kill_every_s:g}s/"
+            f"session={self.session_timeout_ms}ms tracker_session={self.tracker_session_ms}ms "
+            f"kill_every={self.worker_kill_every_s:g}s/"
             f"{self.tracker_kill_every_s:g}s in_flight={self.worker_max_in_flight} "
             f"handlers={self.worker_handlers} tracker_rebalance={self.tracker_rebalance}"
         )
@@ -375,7 +387,7 @@ def test_chaos(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
             marker_topic=MARKER_TOPIC,
             group_id="chaos-tracker",
             default_redelivery_timeout_s=params.lease_s,
-            session_timeout_ms=params.session_timeout_ms,
+            session_timeout_ms=params.tracker_session_ms,
             commit_interval_s=0.2,
             rebalance=params.tracker_rebalance,
         )
@@ -628,8 +640,13 @@ def _details(
                 )
     # Where the slowest redeliveries spent their time: before the tracker redelivered, or
     # between the copy's writing and a worker taking it.
-    for delay, what in sorted(report.slow_redeliveries, reverse=True)[:20]:
+    slowest = sorted(report.slow_redeliveries, reverse=True)
+    for delay, what in slowest[:20]:
         lines.append(f"slow redelivery {delay:.1f} s beyond the lease: {what}")
+    # Every one, for the percentiles' make-up (which part, which cause, which kill).
+    (run_dir / "redelivery-delays.txt").write_text(
+        "".join(f"{delay:.2f} {what}\n" for delay, what in slowest), encoding="utf-8"
+    )
     for slot in cluster.slots:
         lines.append(f"slot {slot.kind}{slot.index}: {slot.generations} incarnations")
     path = run_dir / "chaos-details.txt"
