@@ -102,11 +102,14 @@ _NO_START = -1
 """The START offset of a watched copy, which has none (never in ``_starts``)."""
 UNREAD_REASON = "copy not read: no live consumer reads its partition"
 """The reason a watched copy's REDELIVERED marker gives when it is copied again."""
-UNREAD_CHECKS = 4
-"""How many times a copy nobody took is looked at, each wait twice the one before (with
-the default 2 s: 2, 6, 14 and 30 s after it was written), before it is no longer watched:
-a reader stalled for a while can still take it or die, but one whose queue has no other
-reader has nowhere better to go, and watching it for ever would only cost work."""
+UNREAD_CHECKS = 15
+"""How many times a copy nobody took is looked at, ``unread_s`` apart (with the default
+2 s: every 2 s for 30 s after it was written), before it is no longer watched: a reader
+stalled for a while can still take it or die, but one whose queue has no other reader has
+nowhere better to go, and watching it for ever would only cost work. The waits do not
+grow: a copy's queue often has no other live reader at first (its group rebalancing after
+a kill), and it should move as soon as one is heard from, not at the next of a few
+doubling checks (up to 16 s later, in chaos run 6). A look is a dict lookup or two."""
 
 
 class PartitionState:
@@ -294,9 +297,8 @@ class PartitionState:
 
     def keep_watching(self, key: int, now: float, unread_s: float) -> None:
         """A watched copy came due but needs no second copy yet (its reader is alive, or
-        no one else reads its queue): look again later, each wait twice the one before
-        (the first was ``unread_s``), :data:`UNREAD_CHECKS` times in all, then stop
-        watching it."""
+        no one else reads its queue): look again ``unread_s`` later, :data:`UNREAD_CHECKS`
+        times in all, then stop watching it."""
         watched = self._unread.get(key)
         if watched is None:
             return
@@ -305,7 +307,7 @@ class PartitionState:
             self.discard(key, "unread_unwatched")
             return
         self._unread[key] = (queue, checks - 1)
-        self._retry(key, now + unread_s * 2 ** (UNREAD_CHECKS - checks + 1), "unread_waits")
+        self._retry(key, now + unread_s, "unread_waits")
 
     # -- outputs ----------------------------------------------------------------------
 

@@ -87,7 +87,7 @@ PLAUSIBLE_SLACK_S = 5.0
 attributed to it (process start-up and the write-to-ledger lag)."""
 UNREAD_WINDOW_S = 36.0
 """How long before a watched copy is copied again its reader may have been killed: the copy
-is looked at 2, 6, 14 and 30 s after it was written (tracker defaults), and may have been
+is looked at every 2 s for 30 s after it was written (tracker defaults), and may have been
 written up to a second after its reader last said it reads there, plus slack."""
 
 Delivery = tuple[int, int, int]
