@@ -727,7 +727,14 @@ class Consumer:
         for partition, stop in legacy.items():
             if partition in self._legacy_done:
                 continue
-            committed = self._kc.committed(TopicPartition(self._topic, partition))
+            try:
+                committed = self._kc.committed(
+                    TopicPartition(self._topic, partition), timeout_ms=self._lookup_timeout_ms()
+                )
+            except KafkaError as exc:  # read it, as if not done: the next change looks again
+                log.debug("queue %r: committed offset of partition %d unknown (%r)",
+                          self.queue, partition, exc)  # fmt: skip
+                committed = None
             if committed is not None and committed >= stop:
                 self._legacy_done.add(partition)
             else:
@@ -1034,8 +1041,7 @@ class Consumer:
         test with two proxy replicas writing to one partition at once lost three records near
         its head. If it cannot be told, that poll goes unchecked as before."""
         client = self._client(tp)
-        # Not for longer than half a keep-alive interval: this thread writes the keep-alives.
-        timeout_ms = max(100, int(min(self._request_timeout_s, self._keepalive_s / 2) * 1000))
+        timeout_ms = self._lookup_timeout_ms()
         try:
             start = client.committed(tp, timeout_ms=timeout_ms)
             if start is None:
@@ -1045,6 +1051,11 @@ class Consumer:
             return
         if start is not None:
             self._continuity.moved(tp, start)
+
+    def _lookup_timeout_ms(self) -> int:
+        """How long a lookup on the loop thread may wait: half a keep-alive interval at
+        most, since this thread writes the keep-alives."""
+        return max(100, int(min(self._request_timeout_s, self._keepalive_s / 2) * 1000))
 
     def _seek(self, firsts: Mapping[TopicPartition, int]) -> None:
         for tp, offset in firsts.items():

@@ -565,3 +565,54 @@ def test_the_old_layout_check_waits_for_a_position_it_does_not_know_yet() -> Non
     consumer._kc.positions.update({0: 50, 2: 50})
     consumer._check_legacy()
     assert consumer._legacy_done == {0, 1, 2}
+
+
+class _Layout:
+    """The service as far as a consumer's layout goes: partition 0 is the queue's own,
+    1 and 2 hold records of the old layout up to offset 50."""
+
+    def read_partitions(self, queue: str, topic: str | None = None) -> dict[int, int | None]:
+        return {0: None, 1: 50, 2: 50}
+
+    def write_partitions(self, queue: str, topic: str | None = None) -> tuple[int, ...]:
+        return (0,)
+
+
+class _Committed:
+    """A Kafka client that knows partition 1's committed offset and cannot tell 2's."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[int | None] = []
+
+    def committed(self, tp: Any, timeout_ms: int | None = None) -> int | None:
+        from kafka.errors import KafkaTimeoutError
+
+        self.timeouts.append(timeout_ms)
+        if tp.partition == 2:
+            raise KafkaTimeoutError("no coordinator")
+        return 50
+
+
+def test_the_old_layout_lookup_is_bounded_and_a_failed_one_keeps_reading() -> None:
+    """The consumer loop, which writes the keep-alives, asks for old-layout partitions'
+    committed offsets when the layout changes: it waits half a keep-alive interval at most
+    (unbounded, an unreachable coordinator would stall the keep-alives for the request
+    timeout), and a partition it cannot tell about is still read, never dropped."""
+    from types import SimpleNamespace
+
+    from kmq.consumer import Consumer
+
+    consumer: Any = Consumer.__new__(Consumer)
+    consumer.queue = "q"
+    consumer._topic, consumer._retry_topic = "q.queue", "q.retry"
+    consumer._pauses = SimpleNamespace(version=1)
+    consumer._layout_version = 0
+    consumer._svc = _Layout()
+    consumer._kc = client = _Committed()
+    consumer._legacy_done = set()
+    consumer._declared = frozenset()
+    consumer._keepalive_s, consumer._request_timeout_s = 1.0, 30.0
+    consumer._refresh_layout(initial=True)
+    assert client.timeouts == [500, 500]
+    assert consumer._legacy_done == {1}  # read up to its old-layout end already
+    assert consumer._declared == {0, 2}  # 2 unknown: still read
