@@ -109,7 +109,8 @@ stalled for a while can still take it or die, but one whose queue has no other r
 nowhere better to go, and watching it for ever would only cost work. The waits do not
 grow: a copy's queue often has no other live reader at first (its group rebalancing after
 a kill), and it should move as soon as one is heard from, not at the next of a few
-doubling checks (up to 16 s later, in chaos run 6). A look is a dict lookup or two."""
+doubling checks (up to 16 s later, in chaos run 6). A look does no I/O: the adapter
+reads cached metadata, the queue's layout and who was heard from."""
 
 
 class PartitionState:
