@@ -99,8 +99,8 @@ class Params:
     drain_s: float
     session_timeout_ms: int = 2000
     """Tansu settles a group in about half the session timeout."""
-    tracker_session_timeout_ms: int = 0
-    """The trackers' group's; 0: ``session_timeout_ms``."""
+    tracker_session_timeout_ms: int = 2000
+    """The trackers' group's (from the environment: ``session_timeout_ms`` unless set)."""
     queues: int = 4
     producers: int = len(PRODUCER_SKEWS_S)
     worker_max_in_flight: int = 10
@@ -120,6 +120,7 @@ class Params:
     @classmethod
     def from_env(cls) -> Params:
         seed_raw = os.environ.get("KMQ_CHAOS_SEED")
+        session_ms = int(_env_number("KMQ_CHAOS_SESSION_TIMEOUT_MS", 2000))
         return cls(
             seed=int(seed_raw) if seed_raw else random.SystemRandom().randrange(1 << 31),
             messages=int(_env_number("KMQ_CHAOS_MESSAGES", 4000)),
@@ -128,8 +129,10 @@ class Params:
             workers=int(_env_number("KMQ_CHAOS_WORKERS", 3)),
             trackers=int(_env_number("KMQ_CHAOS_TRACKERS", 2)),
             drain_s=_env_number("KMQ_CHAOS_DRAIN_S", 120.0),
-            session_timeout_ms=int(_env_number("KMQ_CHAOS_SESSION_TIMEOUT_MS", 2000)),
-            tracker_session_timeout_ms=int(_env_number("KMQ_CHAOS_TRACKER_SESSION_TIMEOUT_MS", 0)),
+            session_timeout_ms=session_ms,
+            tracker_session_timeout_ms=int(
+                _env_number("KMQ_CHAOS_TRACKER_SESSION_TIMEOUT_MS", session_ms)
+            ),
             worker_kill_every_s=_env_number("KMQ_CHAOS_WORKER_KILL_EVERY_S", 5.0),
             tracker_kill_every_s=_env_number("KMQ_CHAOS_TRACKER_KILL_EVERY_S", 15.0),
             worker_max_in_flight=int(_env_number("KMQ_CHAOS_MAX_IN_FLIGHT", 10)),
@@ -156,13 +159,11 @@ class Params:
         return self.drain_s + self.messages / 25
 
     @property
-    def tracker_session_ms(self) -> int:
-        return self.tracker_session_timeout_ms or self.session_timeout_ms
-
-    @property
     def fault_grace_s(self) -> float:
         """After a fault: a session timeout, a group join, and a lease of catching up."""
-        return 2 * max(self.session_timeout_ms, self.tracker_session_ms) / 1000 + self.lease_s
+        return (
+            2 * max(self.session_timeout_ms, self.tracker_session_timeout_ms) / 1000 + self.lease_s
+        )
 
     @property
     def timeout_s(self) -> float:
@@ -179,7 +180,8 @@ class Params:
         return (
             f"queues={self.queues} workers={self.workers} trackers={self.trackers} "
             f"producers={self.producers} lease={self.lease_s:g}s chaos={self.chaos_s:g}s "
-            f"session={self.session_timeout_ms}ms tracker_session={self.tracker_session_ms}ms "
+            f"session={self.session_timeout_ms}ms "
+            f"tracker_session={self.tracker_session_timeout_ms}ms "
             f"kill_every={self.worker_kill_every_s:g}s/"
             f"{self.tracker_kill_every_s:g}s in_flight={self.worker_max_in_flight} "
             f"handlers={self.worker_handlers} tracker_rebalance={self.tracker_rebalance}"
@@ -387,7 +389,7 @@ def test_chaos(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
             marker_topic=MARKER_TOPIC,
             group_id="chaos-tracker",
             default_redelivery_timeout_s=params.lease_s,
-            session_timeout_ms=params.tracker_session_ms,
+            session_timeout_ms=params.tracker_session_timeout_ms,
             commit_interval_s=0.2,
             rebalance=params.tracker_rebalance,
         )

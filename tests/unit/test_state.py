@@ -1453,10 +1453,9 @@ def test_a_watch_is_looked_at_a_few_times_then_dropped() -> None:
     for check in range(1, UNREAD_CHECKS):
         [due] = state.due(now)
         state.keep_watching(due.key, now, UNREAD_S)
-        wait = UNREAD_S
-        assert state.due(now + wait - 0.001) == [] and state.watched == 1
+        assert state.due(now + UNREAD_S - 0.001) == [] and state.watched == 1
         assert state.stats["unread_waits"] == check
-        now += wait
+        now += UNREAD_S
         looked_at.append(now - LEASE_S)
     assert looked_at == [2.0 * n for n in range(1, 16)][:UNREAD_CHECKS]
     [due] = state.due(now)
