@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
+import zlib
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from kafka.coordinator.assignors.abstract import AbstractPartitionAssignor, RebalanceProtocol
@@ -62,13 +63,26 @@ def decode_declared(data: bytes | None) -> dict[str, set[int]] | None:
         return None
 
 
+def _weight(tp: Partition, member_id: str) -> int:
+    """The rendezvous weight of ``member_id`` for ``tp``: equally loaded members that want a
+    partition get it by the highest weight. The same on every leader (crc32, not hash())."""
+    return zlib.crc32(f"{tp[0]}\0{tp[1]}\0{member_id}".encode())
+
+
 def assign(
     members: list[tuple[str, set[str], dict[str, set[int]] | None]],
     partitions_of: Mapping[str, set[int]],
     owned: Mapping[str, Iterable[Partition]] | None = None,
+    preferred: Collection[str] = (),
 ) -> dict[str, dict[str, list[int]]]:
     """Pure assignment. ``members``: (member id, subscribed topics, declared partitions or
-    ``None`` for "all"), in the order ties are broken; ``partitions_of``: what exists.
+    ``None`` for "all"); ``partitions_of``: what exists.
+
+    A partition goes to the least loaded member that wants it; among equally loaded ones
+    ``preferred`` members (static ones) first, then the highest :func:`_weight`. Not member
+    order: every group of a process would then break its ties the same way, and the
+    member whose id sorts first (a client id, a restarted worker's new member) would win
+    every tie of every queue while an equally idle member got nothing.
 
     ``owned`` (cooperative rebalancing): what each member reads now. A partition stays with
     its owner while that owner still wants it and the counts stay within one of each other;
@@ -96,11 +110,11 @@ def assign(
             load[member_id] += 1
     for tp, candidates in sorted(wanted.items()):
         if tp not in owner:
-            chosen = min(candidates, key=lambda m: load[m])
+            chosen = _lightest(tp, candidates, load, preferred)
             load[chosen] += 1
             owner[tp] = chosen
     if owned is not None:
-        _even_out(owner, wanted, load, holder)
+        _even_out(owner, wanted, load, holder, preferred)
     out: dict[str, dict[str, list[int]]] = {member_id: {} for member_id, _, _ in members}
     for (topic, partition), member_id in sorted(owner.items()):
         if holder.get((topic, partition), member_id) != member_id:
@@ -109,11 +123,18 @@ def assign(
     return out
 
 
+def _lightest(
+    tp: Partition, candidates: Iterable[str], load: Mapping[str, int], preferred: Collection[str]
+) -> str:
+    return min(candidates, key=lambda m: (load[m], m not in preferred, -_weight(tp, m), m))
+
+
 def _even_out(
     owner: dict[Partition, str],
     wanted: Mapping[Partition, list[str]],
     load: dict[str, int],
     holder: Mapping[Partition, str],
+    preferred: Collection[str],
 ) -> None:
     """Move partitions from a member to a less loaded one that wants them while the two
     differ by two or more; partitions nobody holds yet move first. Each move lowers the sum
@@ -124,7 +145,7 @@ def _even_out(
         moved = False
         for tp in order:
             current = owner[tp]
-            lightest = min(wanted[tp], key=lambda m: load[m])
+            lightest = _lightest(tp, wanted[tp], load, preferred)
             if load[current] - load[lightest] >= 2:
                 owner[tp] = lightest
                 load[current] -= 1
@@ -189,7 +210,8 @@ class LayoutAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
                     for partition in entry.partitions
                 ]
         partitions_of = {t: set(cluster.partitions_for_topic(t) or ()) for t in topics}
-        result = assign(rows, partitions_of, owned)
+        static = {m.member_id for m in members if m.group_instance_id is not None}
+        result = assign(rows, partitions_of, owned, static)
         return {
             member_id: ConsumerProtocolAssignment(self.version, sorted(by_topic.items()), b"")
             for member_id, by_topic in result.items()
