@@ -110,6 +110,16 @@ from tracker.config import TrackerConfig
     "is read after all); 0: never.",
 )
 @click.option(
+    "--tick-interval-s",
+    envvar="KMQ_TICK_INTERVAL_S",
+    show_envvar=True,
+    type=float,
+    default=1.0,
+    help="How often an owner marks its markers partitions, so that after a fail-over its "
+    "successor runs the leases it replays from when their markers were written (to within "
+    "this) rather than afresh; 0: never.",
+)
+@click.option(
     "--log-level",
     envvar="KMQ_LOG_LEVEL",
     show_envvar=True,
@@ -143,6 +153,7 @@ def main(
     metrics_port: int,
     liveness_timeout_s: float,
     unread_copy_s: float,
+    tick_interval_s: float,
     log_level: str,
     log_format: str,
     security: KafkaSecurity,
@@ -168,6 +179,7 @@ def main(
             metrics_port=metrics_port,
             liveness_timeout_s=liveness_timeout_s,
             unread_copy_s=unread_copy_s,
+            tick_interval_s=tick_interval_s,
         )
     except KmqError as exc:
         raise click.UsageError(str(exc)) from exc

@@ -59,6 +59,11 @@ class TrackerConfig:
     copied again to one a live consumer reads. The first copy is delivered too once its
     partition has a reader again: a duplicate, traded for not waiting out the group's
     session timeout. 0: copies are never copied again."""
+    tick_interval_s: float = 1.0
+    """How often the owner of a markers partition with messages in flight writes a tick
+    there: a successor (after a fail-over) then runs each lease it replays from, at most
+    this much after, when its marker was on the broker, instead of starting it afresh. 0:
+    no ticks (a successor's leases start when it reads their markers)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bootstrap_servers", normalize_bootstrap(self.bootstrap_servers))
@@ -96,6 +101,8 @@ class TrackerConfig:
         check_seconds(self.liveness_timeout_s, "liveness_timeout_s", maximum=86400)
         if isinstance(self.unread_copy_s, bool) or self.unread_copy_s != 0:
             check_seconds(self.unread_copy_s, "unread_copy_s (or 0: off)", maximum=3600)
+        if isinstance(self.tick_interval_s, bool) or self.tick_interval_s != 0:
+            check_seconds(self.tick_interval_s, "tick_interval_s (or 0: off)", maximum=3600)
 
     @property
     def connection(self) -> KafkaConnection:

@@ -28,6 +28,7 @@ from kafka.errors import (
     NodeNotReadyError,
     RequestTimedOutError,
 )
+from kafka.producer.future import RecordMetadata
 from kafka.structs import MemberState, OffsetAndMetadata
 
 from kmq import kafka_clients, reach
@@ -35,7 +36,7 @@ from kmq.config import COOPERATIVE
 from kmq.control import ControlWatcher
 from kmq.errors import BrokerError, ConfigError, KmqError
 from kmq.layout import holders_reads, write_partitions
-from kmq.markers import QUEUE_LANE, RETRY_LANE, encode_entries
+from kmq.markers import QUEUE_LANE, RETRY_LANE, Entry, encode_entries
 from kmq.records import delivery_key, split_key
 from tracker.config import TrackerConfig
 from tracker.fencing import FenceWatch, PartitionWriters
@@ -88,6 +89,9 @@ class Tracker:
         self._next_commit = 0.0
         self._next_stats = time.monotonic() + config.stats_interval_s
         self._nonce = random.getrandbits(32)
+        self._acked: dict[int, tuple[int, float]] = {}
+        """Per markers partition, this replica's last PROBE the broker acknowledged: its
+        offset, and when (monotonic); the next tick passes it on to a successor."""
         """Marks this replica's PROBE markers: only its own tell it how far it has read."""
         self._link = BrokerLink(config.bootstrap_servers, config.session_timeout_ms / 1000)
         self._connected = False
@@ -434,17 +438,32 @@ class Tracker:
         read, and only then are those deadlines acted on (a tracker that fell behind its
         markers never redelivers a message whose END it has not read yet)."""
         now = time.monotonic()
+        tick_s = self.config.tick_interval_s
         for partition, state in list(self._states.items()):
             if state.probe_needed(now):
-                entry = state.probe(now)
-                try:
-                    self._producer.send(
-                        self.config.marker_topic,
-                        value=encode_entries([entry], []),
-                        partition=partition,
-                    )
-                except KafkaError as exc:
-                    self._trouble(exc, "markers partition %d: probe not sent", partition)
+                self._send_probe(partition, state.probe(now), b"")
+            if state.tick_needed(now, tick_s):
+                self._send_probe(partition, *state.tick(now, self._acked.get(partition)))
+
+    def _send_probe(self, partition: int, entry: Entry, text: bytes) -> None:
+        try:
+            future = self._producer.send(
+                self.config.marker_topic,
+                value=encode_entries([entry], [text]),
+                partition=partition,
+            )
+        except KafkaError as exc:
+            self._trouble(exc, "markers partition %d: probe not sent", partition)
+            return
+        future.add_callback(self._probe_acked, partition)
+
+    def _probe_acked(self, partition: int, metadata: RecordMetadata) -> None:
+        """On the producer's I/O thread: what the next tick of ``partition`` tells (one
+        dict store, so the run loop reads either the old pair or the new one)."""
+        acked = (metadata.offset, time.monotonic())
+        known = self._acked.get(partition)
+        if known is None or acked[0] > known[0]:
+            self._acked[partition] = acked
 
     def _redeliver(self) -> None:
         now = time.monotonic()

@@ -22,6 +22,7 @@ from kmq.config import MAX_REDELIVERY_TIMEOUT_S
 from kmq.errors import MarkerDecodeError
 from kmq.markers import Entry, MarkerType, check_entry, parse
 from kmq.records import delivery_key, fits_key, split_key
+from tracker.handover import Handover, parse_tick, tick_text
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +151,9 @@ class PartitionState:
         """The partition's end, as the last fetch response told it (for the lag metric)."""
         self._dead_letter_queues: dict[int, str] = {}  # only for STARTs naming one
         self._unread: dict[int, tuple[str, int]] = {}  # watched copies: queue, checks left
+        self._handover: Handover | None = Handover()
+        """While replaying: what the predecessors' ticks say about the leases replayed."""
+        self._tick_sent_at: float | None = None
 
     # -- inputs -----------------------------------------------------------------------
 
@@ -187,6 +191,8 @@ class PartitionState:
         if self.position is not None and offset < self.position:
             self.stats["reread"] += 1
             return
+        if self._handover is not None and not self.replaying:
+            self._take_over()
         self.position = offset + 1
         try:
             entries, texts = parse(value)
@@ -197,7 +203,7 @@ class PartitionState:
             self.stats["batch"] += 1
         for entry, text in zip(entries, texts, strict=True):
             if entry[0] == _PROBE:
-                self._on_probe(entry)
+                self._on_probe(entry, text, now)
                 continue
             problem = check_entry(entry)
             if problem is None and not fits_key(entry[2], entry[3]):
@@ -206,6 +212,8 @@ class PartitionState:
                 self._bad(offset, problem)
                 continue
             self._apply(offset, entry, text, now)
+        if self._handover is not None and not self.replaying:
+            self._take_over()
 
     def _bad(self, offset: int, problem: object) -> None:
         self.stats["bad_marker"] += 1
@@ -226,11 +234,19 @@ class PartitionState:
             return
         if kind in _SETTLED:
             self._drop(delivery, inflight)
-        elif inflight.redelivering:
+            return
+        if inflight.redelivering:
             self.stats["late_marker"] += 1
-        elif kind == _KEEPALIVE:
-            self._reschedule(inflight, now + self._lease_s(entry[5]))
-        elif kind == _NACK:
+            return
+        if kind == _KEEPALIVE:
+            lease_s = self._lease_s(entry[5])
+            self._reschedule(inflight, now + lease_s)
+            if self._handover is not None:
+                self._handover.leased(offset, delivery, lease_s)
+            return
+        if self._handover is not None:
+            self._handover.forget(delivery)
+        if kind == _NACK:
             inflight.attempt_step, inflight.cause = 1, "nacked"
             inflight.reason = text.decode("utf-8", "replace") or "nacked"
             self._reschedule(inflight, now + self._delay_s(entry[5]))
@@ -317,6 +333,8 @@ class PartitionState:
         :attr:`horizon`); none while replaying."""
         if self.replaying:
             return []
+        if self._handover is not None:
+            self._take_over()
         out: list[Due] = []
         deadlines = self._deadlines
         cutoff = min(now, self.horizon)
@@ -347,6 +365,8 @@ class PartitionState:
         is on its way: then write :meth:`probe` and redeliver once it is read back."""
         if self.probe_nonce is None or self.replaying or not self._deadlines:
             return False
+        if self._handover is not None:
+            self._take_over()
         first = float(self._deadlines[0].deadline)
         if first > now or first <= self.horizon:
             return False
@@ -362,7 +382,44 @@ class PartitionState:
         self.stats["probe_sent"] += 1
         return (_PROBE, 0, self.partition, floor_ms(now), self.probe_nonce, 0, 0, 0)
 
-    def _on_probe(self, entry: Entry) -> None:
+    def tick(self, now: float, acked: tuple[int, float] | None) -> tuple[Entry, bytes]:
+        """A tick to write now (see :meth:`tick_needed`) and its text: a PROBE that also says
+        an earlier one of this owner, ``acked`` = ``(offset, acknowledged at)``, was on the
+        broker by then, so a successor need not start the leases before it afresh
+        (:mod:`tracker.handover`). It is read back like any PROBE of this owner."""
+        if self.probe_nonce is None:
+            raise ValueError("this state writes no probes")
+        self._tick_sent_at = now
+        self.stats["tick_sent"] += 1
+        sent_ms = floor_ms(now)
+        text = tick_text(sent_ms, acked)
+        return (_PROBE, 0, self.partition, sent_ms, self.probe_nonce, 0, 0, len(text)), text
+
+    def tick_needed(self, now: float, interval_s: float) -> bool:
+        """Whether this owner should write a tick: it has deliveries in flight and wrote no
+        tick for ``interval_s``. None while replaying."""
+        if interval_s <= 0 or self.probe_nonce is None or self.replaying or not self._inflight:
+            return False
+        sent = self._tick_sent_at
+        return sent is None or now - sent >= interval_s
+
+    def _take_over(self) -> None:
+        """The replay is over: bring forward the deadlines the predecessors' ticks cover."""
+        handover, self._handover = self._handover, None
+        if handover is None:
+            return
+        for key, deadline in handover.deadlines():
+            inflight = self._inflight.get(key)
+            if inflight is not None and not inflight.redelivering and deadline < inflight.deadline:
+                self._reschedule(inflight, deadline)
+                self.stats["lease_taken_over"] += 1
+
+    def _on_probe(self, entry: Entry, text: bytes, now: float) -> None:
+        if self._handover is not None and text:
+            tick = parse_tick(entry[3], text)
+            if tick is not None:
+                self.stats["tick_read"] += 1
+                self._handover.tick(entry[4], tick[0], tick[1], now)
         if self.probe_nonce is not None and entry[4] == self.probe_nonce:
             self.stats["probe_read"] += 1
             self.horizon = max(self.horizon, entry[3] / 1000)
@@ -370,6 +427,11 @@ class PartitionState:
                 self._probe_sent_at = None
         else:
             self.stats["foreign_probe"] += 1
+
+    def deadline_of(self, key: int) -> float | None:
+        """When ``key`` comes due (by the clock); ``None`` if it is not in flight."""
+        inflight = self._inflight.get(key)
+        return None if inflight is None else float(inflight.deadline)
 
     def next_deadline(self) -> float | None:
         return float(self._deadlines[0].deadline) if self._deadlines else None
@@ -415,8 +477,15 @@ class PartitionState:
     ) -> None:
         if entry[4] < 1:
             self.stats["bad_attempt"] += 1  # the record's own attempt header decides
-        deadline = now + self._lease_s(entry[5])
+        lease_s = self._lease_s(entry[5])
+        deadline = now + lease_s
         inflight = self._inflight.get(delivery)
+        handover = self._handover
+        if handover is not None:
+            if inflight is None or (not inflight.redelivering and delivery in self._unread):
+                handover.leased(offset, delivery, lease_s)
+            else:
+                handover.forget(delivery)
         if inflight is not None and not inflight.redelivering and delivery in self._unread:
             # A watched copy taken after all: from now on it is a delivery like any other.
             # (One being copied again right now stays a watch: turned into a lease, a failed
