@@ -209,6 +209,7 @@ def tracker_argv(config: TrackerConfig, metrics_port: int = 0) -> list[str]:
         "--commit-interval-s", str(config.commit_interval_s),
         "--rebalance", config.rebalance,
         "--stats-interval-s", "1",
+        "--tick-interval-s", str(config.tick_interval_s),
         "--metrics-port", str(metrics_port),
     ]  # fmt: skip
 
@@ -221,6 +222,7 @@ def worker_argv(
     *,
     max_in_flight: int = 1,
     hang_after: int = -1,
+    lease_s: float = REDELIVERY_TIMEOUT_S,
 ) -> list[str]:
     return [
         "-m", "kmq.dev.demo_worker",
@@ -230,7 +232,7 @@ def worker_argv(
         "--control-topic", topics.control,
         "--queue", queue,
         "--name", name,
-        "--redelivery-timeout-s", str(REDELIVERY_TIMEOUT_S),
+        "--redelivery-timeout-s", str(lease_s),
         "--session-timeout-ms", str(broker.session_timeout_ms),
         "--max-in-flight", str(max_in_flight),
         "--hang-after", str(hang_after),

@@ -18,7 +18,7 @@ from kafka.errors import KafkaTimeoutError
 import kmq
 import tracker.reread as tracker_reread
 from kmq.dev.embedded import free_port
-from kmq.markers import Marker, MarkerType, encode
+from kmq.markers import Marker, MarkerType, decode_all, encode, parse
 from kmq.markers_v1 import encode_v1
 from kmq.records import parse_queue_headers
 from tests.functional.conftest import Broker, RunningTracker, Topics, tracker_argv, worker_argv
@@ -28,11 +28,13 @@ from tests.functional.helpers import (
     get,
     parse_metrics,
     read_markers,
+    read_records,
     total,
     wait_until,
 )
 from tracker.config import TrackerConfig
 from tracker.daemon import Tracker
+from tracker.handover import parse_tick
 
 
 def receive_all(consumer: kmq.Consumer, count: int, timeout_s: float) -> list[kmq.Message]:
@@ -203,6 +205,81 @@ def test_surviving_tracker_takes_over_a_killed_replicas_partitions(
         for msg in got:
             msg.ack()
     wait_until(lambda: partitions(ports[1]) == 2, 5, "the survivor to own both partitions")
+
+
+def held_leases_and_ticks(broker: Broker, topics: Topics) -> tuple[dict[Any, float], int]:
+    """Per record, the write time (ms) of its last START or KEEPALIVE; and the highest
+    markers offset a tick says was on the broker (markers partition 0 and 1 alike: a test
+    topic's records of one queue are few, so every partition is looked at)."""
+    last: dict[Any, float] = {}
+    last_offset: dict[int, int] = {}
+    covered: dict[int, int] = {}
+    for record in read_records(broker.bootstrap_servers, topics.markers):
+        entries, texts = parse(record.value)
+        for entry, text in zip(entries, texts, strict=True):
+            if entry[0] in (MarkerType.START, MarkerType.KEEPALIVE):
+                last[(entry[1], entry[2], entry[3])] = record.timestamp
+                last_offset[record.partition] = record.offset
+            tick = parse_tick(entry[3], text) if entry[0] == MarkerType.PROBE else None
+            if tick is not None:
+                covered[record.partition] = max(covered.get(record.partition, -1), tick[0])
+    uncovered = sum(covered.get(p, -1) <= offset for p, offset in last_offset.items())
+    return last, uncovered
+
+
+def test_a_successor_runs_the_leases_it_replays_from_the_ticks_not_afresh(
+    broker: Broker,
+    topics: Topics,
+    service: kmq.Service,
+    tracker_config: TrackerConfig,
+    children: Children,
+) -> None:
+    """A worker dies, and half a lease later the tracker: its successor replays the dead
+    worker's leases of 10 s. By its predecessor's ticks it knows half of each had run
+    already, and does not start them afresh (the time nobody owned the partition still
+    counts: no clock of another process tells how long that was)."""
+    lease_s = 10.0
+    q = service.queue("jobs")
+    producer = q.producer()
+    sent = {producer.send(b"%d" % i) for i in range(4)}
+    p1 = free_port()
+    ticking = dataclasses.replace(tracker_config, tick_interval_s=0.2)
+    t1 = children.python("tracker-1", *tracker_argv(ticking, p1))
+    wait_until(lambda: ready(p1), 30, "tracker-1 to catch up")
+    worker = children.python("worker", *worker_argv(
+        broker, topics, "jobs", "w1", max_in_flight=4, hang_after=0, lease_s=lease_s))  # fmt: skip
+    worker.wait_for(r'"event": "holding"', 30, count=4)
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.proc.wait()
+    time.sleep(lease_s / 2)  # the scenario, not a wait: tracker-1 outlives the worker a while
+    wait_until(lambda: held_leases_and_ticks(broker, topics)[1] == 0, 10,
+               "a tick after the worker's last marker")  # fmt: skip
+    os.kill(t1.pid, signal.SIGKILL)
+    t1.proc.wait()
+    p2 = free_port()
+    children.python("tracker-2", *tracker_argv(tracker_config, p2))
+    wait_until(lambda: ready(p2), 30, "tracker-2 to catch up")
+    caught_up = time.monotonic()
+    wait_until(lambda: redeliveries(p2) >= 4, 2 * lease_s, "the successor's redeliveries")
+    # Started afresh, the leases would end a whole lease after the replay; taken over, half a
+    # lease (what ran of it while tracker-1 lived) sooner.
+    assert time.monotonic() - caught_up < lease_s - 3
+    assert metric(p2, "kmq_tracker_redeliveries_total") == 4
+    last, _ = held_leases_and_ticks(broker, topics)
+    redelivered = [
+        (m, record.timestamp)
+        for record in read_records(broker.bootstrap_servers, topics.markers)
+        for m in decode_all(record.value)
+        if m.type is MarkerType.REDELIVERED
+    ]
+    assert len(redelivered) == 4
+    for m, at in redelivered:  # never before the lease ran out
+        assert at >= last[(m.lane, m.partition, m.offset)] + lease_s * 1000
+    with q.consumer() as consumer:
+        got = receive_all(consumer, 4, 30)
+        assert {m.id for m in got} == sent and {m.attempt for m in got} == {2}
+        for msg in got:
+            msg.ack()
 
 
 def test_a_tracker_frozen_past_its_session_does_not_redeliver_on_waking(
