@@ -89,10 +89,10 @@ class Tracker:
         self._next_commit = 0.0
         self._next_stats = time.monotonic() + config.stats_interval_s
         self._nonce = random.getrandbits(32)
+        """Marks this replica's PROBE markers: only its own tell it how far it has read."""
         self._acked: dict[int, tuple[int, float]] = {}
         """Per markers partition, this replica's last PROBE the broker acknowledged: its
         offset, and when (monotonic); the next tick passes it on to a successor."""
-        """Marks this replica's PROBE markers: only its own tell it how far it has read."""
         self._link = BrokerLink(config.bootstrap_servers, config.session_timeout_ms / 1000)
         self._connected = False
         self._assignment_known = False
