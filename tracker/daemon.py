@@ -38,6 +38,7 @@ from kmq.errors import BrokerError, ConfigError, KmqError
 from kmq.layout import holders_reads, write_partitions
 from kmq.markers import QUEUE_LANE, RETRY_LANE, Entry, encode_entries
 from kmq.records import delivery_key, split_key
+from tracker import txn_wait
 from tracker.config import TrackerConfig
 from tracker.fencing import FenceWatch, PartitionWriters
 from tracker.health import BrokerLink, ProbeServer
@@ -55,6 +56,9 @@ max_message_bytes; a dead letter also carries its origin and last reason as head
 only loosens kafka-python's client-side check: the broker's own limit still applies."""
 _TXN_RETRY_BACKOFF_MS = 20
 """kafka-python's wait before each transactional request it re-queues (default 100 ms)."""
+CLAIM_WAIT_S = 0.5
+"""How long one claim of a markers partition may hold up the loop; an unanswered claim goes
+on in the background and is waited on again next turn."""
 _UNREACHABLE = (KafkaConnectionError, KafkaTimeoutError, NodeNotReadyError, RequestTimedOutError)
 """Errors that mean Kafka cannot be reached, rather than that a request was refused."""
 
@@ -97,8 +101,12 @@ class Tracker:
         self._connected = False
         self._assignment_known = False
         self._last_turn = time.monotonic()
-        self._writers = PartitionWriters(self._transactional_producer, config.group_id,
-                                         config.marker_topic)  # fmt: skip
+        self._writers = PartitionWriters(
+            self._transactional_producer,
+            config.group_id,
+            config.marker_topic,
+            init=lambda producer: txn_wait.init(producer, CLAIM_WAIT_S),
+        )
         self._fence_watch = FenceWatch()
         self._topics = {QUEUE_LANE: config.queue_topic, RETRY_LANE: config.retry_topic}
         self._readers = LiveReaders()
@@ -545,8 +553,10 @@ class Tracker:
         """Claim a partition kept through a rebalance anew (whoever claimed it in between
         is fenced), and act on none of its deadlines until a probe written after the claim
         is read back, so every redelivery committed before the claim has been read too.
-        False: try again next round."""
-        self._writers.release(partition, timeout_s=0.0)
+        False: try again next round (then waiting on for the same claim, not starting
+        another)."""
+        if self._writers.get(partition) is not None:
+            self._writers.release(partition, timeout_s=0.0)
         if not self._writers.claim(partition):
             return False
         state.regate(random.getrandbits(32))

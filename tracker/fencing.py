@@ -18,7 +18,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from kafka.errors import InvalidProducerEpochError, KafkaError, ProducerFencedError
+from kafka.errors import (
+    InvalidProducerEpochError,
+    KafkaError,
+    KafkaTimeoutError,
+    ProducerFencedError,
+)
 
 log = logging.getLogger("kmq.tracker")
 
@@ -42,22 +47,42 @@ class PartitionWriters:
     tests). :meth:`claim` must succeed before the partition's first redelivery.
     """
 
-    def __init__(self, make: Callable[[str], Any], group_id: str, marker_topic: str) -> None:
+    def __init__(
+        self,
+        make: Callable[[str], Any],
+        group_id: str,
+        marker_topic: str,
+        init: Callable[[Any], None] = lambda producer: producer.init_transactions(),
+    ) -> None:
         self._make = make
+        self._init = init
         self._group_id = group_id
         self._marker_topic = marker_topic
         self._producers: dict[int, Any] = {}
+        self._pending: dict[int, Any] = {}
+        """Claims the broker has not answered yet: the next claim() waits on for the same
+        request rather than blocking the caller until it is answered."""
 
     def claim(self, partition: int) -> bool:
         """Take the partition's transactional id (fencing its previous owner). False, and
-        nothing claimed, if the broker could not be reached: try again later."""
+        nothing claimed, if the broker could not be reached or has not answered in the
+        time ``init`` waits: try again later (after a timeout, the same request goes on)."""
         if partition in self._producers:
             return True
         txn_id = transactional_id(self._group_id, self._marker_topic, partition)
-        producer = None
+        producer = self._pending.pop(partition, None)
+        waited = producer is not None
         try:
-            producer = self._make(txn_id)
-            producer.init_transactions()
+            if producer is None:
+                producer = self._make(txn_id)
+            self._init(producer)
+        except KafkaTimeoutError as exc:
+            (log.debug if waited else log.warning)(
+                "markers partition %d: claim of %s not answered yet (%r)", partition, txn_id, exc
+            )
+            if producer is not None:
+                self._pending[partition] = producer
+            return False
         except KafkaError as exc:
             log.warning("markers partition %d: cannot claim %s yet (%r)", partition, txn_id, exc)
             if producer is not None:
@@ -74,13 +99,14 @@ class PartitionWriters:
         return set(self._producers)
 
     def release(self, partition: int, timeout_s: float = 5.0) -> None:
-        producer = self._producers.pop(partition, None)
-        if producer is not None:
-            with contextlib.suppress(Exception):
-                producer.close(timeout=timeout_s)
+        for producers in (self._producers, self._pending):
+            producer = producers.pop(partition, None)
+            if producer is not None:
+                with contextlib.suppress(Exception):
+                    producer.close(timeout=timeout_s)
 
     def close(self, timeout_s: float = 5.0) -> None:
-        for partition in list(self._producers):
+        for partition in set(self._producers) | set(self._pending):
             self.release(partition, timeout_s)
 
 

@@ -21,6 +21,25 @@ class TransactionStuck(KafkaTimeoutError):  # type: ignore[misc]
     """A transactional call was not answered in time; the producer is no longer usable."""
 
 
+def init(producer: Any, timeout_s: float) -> None:
+    """``init_transactions()`` that waits at most ``timeout_s`` (KafkaTimeoutError after):
+    kafka-python 3.0 waits its ``max_block_ms`` for it, and a claim of a markers partition
+    during a network fault then stopped a tracker's loop, and every partition it served,
+    for 10 s. Called again after a timeout, it goes on waiting for the same request."""
+    config = getattr(producer, "config", None)
+    if not isinstance(config, dict) or "max_block_ms" not in config:
+        producer.init_transactions()  # not kafka-python 3.0's KafkaProducer (a test stub)
+        return
+    # init_transactions() reads max_block_ms only for this wait; this producer is used by
+    # the tracker's loop thread alone.
+    saved = config["max_block_ms"]
+    config["max_block_ms"] = max(1, int(timeout_s * 1000))
+    try:
+        producer.init_transactions()
+    finally:
+        config["max_block_ms"] = saved
+
+
 def send_offsets(
     producer: Any, offsets: Mapping[Any, Any], group_metadata: Any, timeout_s: float
 ) -> None:

@@ -306,11 +306,13 @@ def test_redeliver_takes_nothing_from_a_partition_it_cannot_claim() -> None:
     unclaimed = h.states[1]
     assert unclaimed.in_flight == 1 and unclaimed.next_deadline() == deadline, "not taken"
     assert unclaimed.stats["redelivery_failed"] == unclaimed.stats["redeliveries"] == 0
-    assert h.producers.last(1).closed_with == [1] and h.producers.last(1).sent == []
+    # Not answered in time: kept, so the next claim waits on for the same request.
+    assert h.producers.last(1).closed_with == [] and h.producers.last(1).sent == []
     assert h.states[0].stats["redeliveries"] == 1
 
-    # Once the broker answers, the claim succeeds and the delivery goes out.
-    del h.producers.fail[1]
+    # Once the broker answers (the kept producer's request), the claim succeeds and the
+    # delivery goes out.
+    h.producers.fail.pop(1).clear()
     h.tracker._redeliver()
     assert h.writers.claimed() == {0, 1}
     assert [d.delivery for d in h.records.asked[1]] == [(0, 3, 101)]
@@ -467,9 +469,13 @@ def test_a_kept_partition_that_cannot_be_claimed_again_redelivers_nothing() -> N
     h.producers.fail[0] = {"init_transactions": KafkaTimeoutError("no coordinator")}
     t._redeliver()
     assert h.states[0].stats["redeliveries"] == 0 and t._reclaim == {0}
-    h.producers.fail[0] = {}
+    t._redeliver()  # still not answered: it waits on for the same claim
+    assert t._reclaim == {0} and len(h.producers.made[0]) == 2
+    assert h.producers.last(0).calls == ["init_transactions"] * 2
+    h.producers.fail.pop(0).clear()  # the broker answers
     t._redeliver()
     assert t._reclaim == set() and h.writers.get(0) is h.producers.last(0)
+    assert len(h.producers.made[0]) == 2, "the claim that was waited on, not a new one"
     assert h.states[0].probe_needed(time.monotonic()), "and then waits for a probe"
 
 

@@ -100,9 +100,7 @@ def test_claiming_again_keeps_the_producer() -> None:
 
 
 @pytest.mark.parametrize(
-    "exc",
-    [KafkaTimeoutError("no coordinator"), KafkaConnectionError("down"), ProducerFencedError()],
-    ids=["timeout", "connection", "fenced"],
+    "exc", [KafkaConnectionError("down"), ProducerFencedError()], ids=["connection", "fenced"]
 )
 def test_a_failed_claim_keeps_nothing_and_can_be_retried(exc: KafkaError) -> None:
     factory = Factory()
@@ -118,6 +116,34 @@ def test_a_failed_claim_keeps_nothing_and_can_be_retried(exc: KafkaError) -> Non
     assert factory.made[1].closed_with == []
 
 
+def test_an_unanswered_claim_goes_on_waiting_for_the_same_request() -> None:
+    """A claim the broker has not answered within the wait returns False at once, keeps its
+    producer, and the next claim waits on for that producer's request (kafka-python goes on
+    with the same InitProducerId after a timeout) instead of starting another."""
+    factory = Factory()
+    factory.init_fails["grp.markers.4"] = [KafkaTimeoutError()]
+    w = writers(factory)
+    assert w.claim(4) is False and w.claim(4) is False
+    [producer] = factory.made
+    assert w.get(4) is None and w.claimed() == set()
+    assert producer.calls == ["init_transactions", "init_transactions"]
+    assert producer.closed_with == [], "kept for the next claim"
+    producer.fail = {}
+    assert w.claim(4) is True and w.get(4) is producer
+    assert producer.calls == ["init_transactions"] * 3
+
+
+def test_release_closes_an_unanswered_claim() -> None:
+    factory = Factory()
+    factory.init_fails["grp.markers.1"] = [KafkaTimeoutError()]
+    w = writers(factory)
+    assert w.claim(1) is False
+    [pending] = factory.made
+    w.release(1, timeout_s=0.0)
+    assert pending.closed_with == [0.0]
+    assert w.claim(1) is True and w.get(1) is factory.made[1] is not pending
+
+
 def test_a_claim_whose_producer_cannot_be_built_keeps_nothing() -> None:
     factory = Factory()
     factory.make_fails.append(KafkaConnectionError("no brokers"))
@@ -131,7 +157,7 @@ def test_a_failing_close_after_a_failed_claim_is_swallowed() -> None:
     def make(txn_id: str) -> StubTxnProducer:
         return StubTxnProducer(
             txn_id,
-            fail={"init_transactions": KafkaTimeoutError("x"), "close": RuntimeError("y")},
+            fail={"init_transactions": KafkaConnectionError("x"), "close": RuntimeError("y")},
         )
 
     w = PartitionWriters(make, "grp", "markers")
@@ -201,7 +227,7 @@ def test_claimed_is_what_succeeded_and_was_not_released(ops: list[tuple[str, int
             continue
         if op == "claim-fails":
             factory.init_fails.setdefault(f"grp.markers.{partition}", []).append(
-                KafkaTimeoutError("x")
+                KafkaConnectionError("x")  # (a timeout keeps its producer: tested above)
             )
         before = len(factory.made)
         ok = w.claim(partition)

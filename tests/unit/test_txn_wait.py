@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 import pytest
-from kafka.errors import KafkaError, ProducerFencedError
+from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError
 from kafka.producer.transaction_manager import TransactionalRequestResult
 
 from tracker import txn_wait
@@ -118,3 +118,30 @@ def test_a_stuck_round_tells_the_daemon_to_claim_the_partition_again() -> None:
     assert redeliverer.round(_Producer("fenced"), [], {"tp": 1}, "group") == RoundOutcome(
         False, fenced=True
     )
+
+
+class _InitProducer:
+    """What txn_wait.init needs of a kafka-python 3.0 KafkaProducer: its config, and an
+    init_transactions() that waits ``max_block_ms`` (here: records it, then raises)."""
+
+    def __init__(self, fail: BaseException | None) -> None:
+        self.config: dict[str, Any] = {"max_block_ms": 10_000}
+        self.waited_ms: list[int] = []
+        self.fail = fail
+
+    def init_transactions(self) -> None:
+        self.waited_ms.append(self.config["max_block_ms"])
+        if self.fail is not None:
+            raise self.fail
+
+
+@pytest.mark.parametrize("fail", [None, KafkaTimeoutError("not yet")], ids=["answered", "not-yet"])
+def test_init_waits_its_own_bound_then_restores_max_block_ms(fail: BaseException | None) -> None:
+    producer = _InitProducer(fail)
+    if fail is None:
+        txn_wait.init(producer, 0.5)
+    else:
+        with pytest.raises(KafkaTimeoutError):
+            txn_wait.init(producer, 0.5)
+    assert producer.waited_ms == [500]
+    assert producer.config["max_block_ms"] == 10_000, "sends still get the producer's own"
