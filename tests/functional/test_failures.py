@@ -217,9 +217,9 @@ def test_surviving_tracker_takes_over_a_killed_replicas_partitions(
 
 
 def held_leases_and_ticks(broker: Broker, topics: Topics) -> tuple[dict[Any, float], int]:
-    """Per record, the write time (ms) of its last START or KEEPALIVE; and the highest
-    markers offset a tick says was on the broker (markers partition 0 and 1 alike: a test
-    topic's records of one queue are few, so every partition is looked at)."""
+    """Per delivered record ``(lane, partition, offset)``, the write time (ms) of its last
+    START or KEEPALIVE; and how many markers partitions hold a START or KEEPALIVE that no
+    tick yet says was on the broker."""
     last: dict[Any, float] = {}
     last_offset: dict[int, int] = {}
     covered: dict[int, int] = {}
