@@ -28,6 +28,11 @@ million, a few milliseconds over the longest lease."""
 
 MAX_AGE_MS = 2**32 - 1
 
+MAX_PENDING = 100_000
+"""Leases awaiting a tick are kept up to this many (a few MB): a replay whose predecessor
+wrote no ticks (ticks off, or a tracker before them) must not grow without bound. The
+oldest beyond it keep the lease from their replay, as without ticks."""
+
 
 def ceil_ms(t: float) -> int:
     """``t`` seconds in whole milliseconds, rounded up: ``ceil_ms(t) / 1000 >= t``."""
@@ -85,11 +90,17 @@ class Handover:
     def leased(self, offset: int, key: int, lease_s: float) -> None:
         """The marker at ``offset`` (a START or KEEPALIVE) set ``key``'s deadline to its read
         time plus ``lease_s``."""
-        self._marks[key] = offset
-        self._pending.append((offset, key, lease_s))
+        pending, marks = self._pending, self._marks
+        if len(pending) >= MAX_PENDING:
+            old_offset, old_key, _ = pending.popleft()
+            if marks.get(old_key) == old_offset:
+                del marks[old_key]
+        marks[key] = offset
+        pending.append((offset, key, lease_s))
 
     def forget(self, key: int) -> None:
-        """``key``'s deadline was set some other way (a NACK, a second START): leave it."""
+        """``key``'s deadline was set some other way (a NACK, a second START), or it was
+        settled: leave it."""
         self._marks.pop(key, None)
         self._bounds.pop(key, None)
 

@@ -543,6 +543,8 @@ class PartitionState:
 
     def _drop(self, key: int, inflight: _InFlight) -> None:
         del self._inflight[key]
+        if self._handover is not None:
+            self._handover.forget(key)  # a replay's bookkeeping holds no settled delivery
         if not inflight.redelivering:
             self._deadlines.discard(inflight)
         self._starts.discard(inflight.start_offset)

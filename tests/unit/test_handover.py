@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from kmq.markers import MarkerType, encode_entries, parse
 from kmq.records import delivery_key
 from tests.unit.test_state import LEASE_MS, LEASE_S, PARTITION, marker
+from tracker import handover
 from tracker.handover import DRIFT_MARGIN_S, ceil_ms, parse_tick, tick_text
 from tracker.state import PartitionState, floor_ms
 
@@ -158,6 +159,27 @@ def test_a_settled_delivery_is_not_brought_back() -> None:
     state = replaying(len(records))
     replay(state, records, 100.0)
     assert state.due(200.0) == [] and state.in_flight == 0
+
+
+def test_a_replay_without_ticks_keeps_bounded_bookkeeping(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A predecessor that wrote no ticks: the replay's bookkeeping stays bounded (settled
+    deliveries leave it, and at most MAX_PENDING leases wait for a tick), and what fell
+    out of it keeps the lease from its replay."""
+    monkeypatch.setattr(handover, "MAX_PENDING", 3)
+    deliveries = [(0, 1, 40 + i) for i in range(6)]
+    records = [marker(S, d) for d in deliveries] + [marker(E, deliveries[5])]
+    records += [probe_record(4.0), probe_record(9.0, acked=(7, 8.0))]  # covers all six
+    state = replaying(len(records) + 1)
+    replay(state, records, 100.0)
+    book = state._handover
+    assert book is not None
+    assert len(book._pending) == 0 and len(book._marks) == len(book._bounds) == 2
+    state.on_record(len(records), probe_record(10.0, acked=(8, 9.5)), 100.0)
+    kept = [state.deadline_of(delivery_key(*d)) for d in deliveries[:5]]
+    assert kept[:3] == [100.0 + LEASE_S] * 3, "fell out of the bookkeeping: as without ticks"
+    assert kept[3:] == [pytest.approx(8.0 + 90.5 + LEASE_S + DRIFT_MARGIN_S)] * 2
 
 
 def test_tick_needed_and_the_tick_it_writes() -> None:
