@@ -161,17 +161,25 @@ class PartitionState:
         """Where reading starts (the committed offset); later calls are ignored."""
         if self.position is None:
             self.position = offset
+            self._replay_moved()
 
     def skip_to(self, offset: int) -> None:
         """The consumer's position moved past records it does not hand out (a transaction's
         commit or abort marker, aborted records): the partition has been read up to here."""
         if self.position is not None and offset > self.position:
             self.position = offset
+            self._replay_moved()
 
     def set_end_offset(self, end: int) -> None:
         """The high watermark seen first after assignment; later calls are ignored."""
         if self.end_offset is None:
             self.end_offset = end
+            self._replay_moved()
+
+    def _replay_moved(self) -> None:
+        """Where the replay may have ended: take over what the predecessors' ticks cover."""
+        if self._handover is not None and not self.replaying:
+            self._take_over()
 
     def regate(self, nonce: int) -> None:
         """Claimed again after a rebalance it was kept through: another replica may have
@@ -191,13 +199,12 @@ class PartitionState:
         if self.position is not None and offset < self.position:
             self.stats["reread"] += 1
             return
-        if self._handover is not None and not self.replaying:
-            self._take_over()
         self.position = offset + 1
         try:
             entries, texts = parse(value)
         except MarkerDecodeError as exc:
             self._bad(offset, exc)
+            self._replay_moved()
             return
         if len(entries) > 1:
             self.stats["batch"] += 1
@@ -213,7 +220,7 @@ class PartitionState:
                 continue
             self._apply(offset, entry, text, now)
         if self._handover is not None and not self.replaying:
-            self._take_over()
+            self._take_over()  # _replay_moved, inlined: this runs for every marker
 
     def _bad(self, offset: int, problem: object) -> None:
         self.stats["bad_marker"] += 1
@@ -333,8 +340,6 @@ class PartitionState:
         :attr:`horizon`); none while replaying."""
         if self.replaying:
             return []
-        if self._handover is not None:
-            self._take_over()
         out: list[Due] = []
         deadlines = self._deadlines
         cutoff = min(now, self.horizon)
@@ -365,8 +370,6 @@ class PartitionState:
         is on its way: then write :meth:`probe` and redeliver once it is read back."""
         if self.probe_nonce is None or self.replaying or not self._deadlines:
             return False
-        if self._handover is not None:
-            self._take_over()
         first = float(self._deadlines[0].deadline)
         if first > now or first <= self.horizon:
             return False
@@ -376,24 +379,26 @@ class PartitionState:
     def probe(self, now: float) -> Entry:
         """The PROBE marker to write to this partition now (its send time in whole ms,
         rounded down, so the horizon never runs ahead of the truth)."""
-        if self.probe_nonce is None:
-            raise ValueError("this state writes no probes")
+        entry = self._probe_entry(now)
         self._probe_sent_at = now
         self.stats["probe_sent"] += 1
-        return (_PROBE, 0, self.partition, floor_ms(now), self.probe_nonce, 0, 0, 0)
+        return entry
 
     def tick(self, now: float, acked: tuple[int, float] | None) -> tuple[Entry, bytes]:
         """A tick to write now (see :meth:`tick_needed`) and its text: a PROBE that also says
         an earlier one of this owner, ``acked`` = ``(offset, acknowledged at)``, was on the
         broker by then, so a successor need not start the leases before it afresh
         (:mod:`tracker.handover`). It is read back like any PROBE of this owner."""
-        if self.probe_nonce is None:
-            raise ValueError("this state writes no probes")
+        text = tick_text(floor_ms(now), acked)
+        entry = self._probe_entry(now, text)
         self._tick_sent_at = now
         self.stats["tick_sent"] += 1
-        sent_ms = floor_ms(now)
-        text = tick_text(sent_ms, acked)
-        return (_PROBE, 0, self.partition, sent_ms, self.probe_nonce, 0, 0, len(text)), text
+        return entry, text
+
+    def _probe_entry(self, now: float, text: bytes = b"") -> Entry:
+        if self.probe_nonce is None:
+            raise ValueError("this state writes no probes")
+        return (_PROBE, 0, self.partition, floor_ms(now), self.probe_nonce, 0, 0, len(text))
 
     def tick_needed(self, now: float, interval_s: float) -> bool:
         """Whether this owner should write a tick: it has deliveries in flight and wrote no
@@ -481,11 +486,6 @@ class PartitionState:
         deadline = now + lease_s
         inflight = self._inflight.get(delivery)
         handover = self._handover
-        if handover is not None:
-            if inflight is None or (not inflight.redelivering and delivery in self._unread):
-                handover.leased(offset, delivery, lease_s)
-            else:
-                handover.forget(delivery)
         if inflight is not None and not inflight.redelivering and delivery in self._unread:
             # A watched copy taken after all: from now on it is a delivery like any other.
             # (One being copied again right now stays a watch: turned into a lease, a failed
@@ -500,11 +500,15 @@ class PartitionState:
             if text:
                 self._dead_letter_queues[delivery] = text.decode("utf-8", "replace")
             self._reschedule(inflight, deadline)
+            if handover is not None:
+                handover.leased(offset, delivery, lease_s)
             return
         if inflight is not None:
             # The same record started twice: a consumer died between START and offset commit,
             # or a rebalance handed the record to a second consumer. One lease covers both.
             self.stats["duplicate_start"] += 1
+            if handover is not None:
+                handover.forget(delivery)
             if not inflight.redelivering:
                 self._reschedule(inflight, max(inflight.deadline, deadline))
             return
@@ -514,6 +518,8 @@ class PartitionState:
         self._deadlines.add(inflight)
         self._starts.add(offset)
         self._read_at.setdefault(offset, now)
+        if handover is not None:
+            handover.leased(offset, delivery, lease_s)
 
     def _lease_s(self, ms: int) -> float:
         if 0 < ms <= _MAX_LEASE_MS:
