@@ -59,6 +59,8 @@ _TXN_RETRY_BACKOFF_MS = 20
 CLAIM_WAIT_S = 0.5
 """How long one claim of a markers partition may hold up the loop; an unanswered claim goes
 on in the background and is waited on again next turn."""
+_TXN_BOOTSTRAP_MS = 1000
+"""How long building a partition's transactional producer may wait for the cluster."""
 _UNREACHABLE = (KafkaConnectionError, KafkaTimeoutError, NodeNotReadyError, RequestTimedOutError)
 """Errors that mean Kafka cannot be reached, rather than that a request was refused."""
 
@@ -203,6 +205,10 @@ class Tracker:
             retry_backoff_ms=_TXN_RETRY_BACKOFF_MS,
             # How long init_transactions() may block the loop; claiming is retried next turn.
             max_block_ms=int(TXN_TIMEOUT_S * 1000),
+            # The constructor connects before it returns, on the loop's thread: while Kafka
+            # cannot be reached, a claim gives up after this and is retried next turn
+            # (kafka-python's default, the request timeout, froze the loop for 30 s).
+            bootstrap_timeout_ms=_TXN_BOOTSTRAP_MS,
             acks="all",
             enable_idempotence=True,
             max_request_size=config.max_message_bytes + _DEAD_LETTER_HEADROOM_BYTES,

@@ -25,6 +25,8 @@ from kafka.errors import (
     ProducerFencedError,
 )
 
+from kmq.errors import KmqError
+
 log = logging.getLogger("kmq.tracker")
 
 FENCED_ERRORS: tuple[type[BaseException], ...] = (ProducerFencedError, InvalidProducerEpochError)
@@ -83,7 +85,7 @@ class PartitionWriters:
             if producer is not None:
                 self._pending[partition] = producer
             return False
-        except KafkaError as exc:
+        except (KafkaError, KmqError) as exc:  # KmqError: the producer could not be built
             log.warning("markers partition %d: cannot claim %s yet (%r)", partition, txn_id, exc)
             if producer is not None:
                 with contextlib.suppress(Exception):

@@ -10,6 +10,7 @@ reader and the pause table."""
 from __future__ import annotations
 
 import dataclasses
+import socket
 import threading
 import time
 from collections import Counter
@@ -25,6 +26,7 @@ from kafka.errors import (
 )
 from kafka.structs import ConsumerGroupMetadata, MemberState
 
+from kmq.errors import BrokerError
 from kmq.markers import QUEUE_LANE, RETRY_LANE, MarkerType, decode, encode_entries
 from kmq.records import delivery_key, queue_headers
 from tests.unit.kafka_stubs import StubTxnProducer
@@ -573,3 +575,21 @@ def test_a_copy_nobody_took_is_copied_again_only_toward_a_live_reader(
     else:
         assert h.records.asked == [] and state.stats["unread_waits"] == 1
         assert state.watched == 1 and state.next_deadline() is not None
+
+
+def test_a_transactional_producer_that_cannot_reach_kafka_gives_up_within_a_second() -> None:
+    """Building a partition's producer connects on the loop's thread: with a broker that
+    accepts connections but never answers (a stalled network, say), it must fail as a
+    BrokerError, which a claim survives, in about a second and not after kafka-python's
+    30 s default."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        port = silent.getsockname()[1]
+        t = Tracker.__new__(Tracker)
+        t.config = dataclasses.replace(CONFIG, bootstrap_servers=f"127.0.0.1:{port}")
+        began = time.monotonic()
+        with pytest.raises(BrokerError, match="gave no Kafka answer"):
+            t._transactional_producer("grp.q.markers.0")
+        took_s = time.monotonic() - began
+    assert took_s < 5.0, f"the build held the loop {took_s:.1f} s"

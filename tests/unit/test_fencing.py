@@ -13,6 +13,7 @@ from kafka.errors import (
     ProducerFencedError,
 )
 
+from kmq.errors import BrokerError
 from tests.unit.kafka_stubs import StubTxnProducer
 from tracker.fencing import (
     FENCED_ERRORS,
@@ -144,9 +145,16 @@ def test_release_closes_an_unanswered_claim() -> None:
     assert w.claim(1) is True and w.get(1) is factory.made[1] is not pending
 
 
-def test_a_claim_whose_producer_cannot_be_built_keeps_nothing() -> None:
+@pytest.mark.parametrize(
+    "exc",
+    # kmq.kafka_clients.producer, the daemon's builder, turns kafka-python's failure to
+    # reach the cluster in time into a BrokerError.
+    [KafkaConnectionError("no brokers"), BrokerError("cannot connect to Kafka")],
+    ids=["kafka-error", "broker-error"],
+)
+def test_a_claim_whose_producer_cannot_be_built_keeps_nothing(exc: Exception) -> None:
     factory = Factory()
-    factory.make_fails.append(KafkaConnectionError("no brokers"))
+    factory.make_fails.append(exc)
     w = writers(factory)
     assert w.claim(0) is False
     assert factory.made == [] and w.claimed() == set()
