@@ -103,6 +103,8 @@ class Tracker:
         self._connected = False
         self._assignment_known = False
         self._last_turn = time.monotonic()
+        self._slowest_turn_s = 0.0
+        self._slowest_redelivery_s = 0.0
         self._writers = PartitionWriters(
             self._transactional_producer,
             config.group_id,
@@ -325,7 +327,7 @@ class Tracker:
         backoff_s = 0.1
         try:
             while not self._stop.is_set():
-                self._last_turn = time.monotonic()
+                began = self._last_turn = time.monotonic()
                 self._link.begin_round()
                 try:
                     self._round()
@@ -335,7 +337,9 @@ class Tracker:
                     self._stop.wait(backoff_s)
                     backoff_s = min(backoff_s * 2, 5.0)
                     continue
-                self._link.end_round(self._coordinator_known(), time.monotonic())
+                ended = time.monotonic()
+                self._link.end_round(self._coordinator_known(), ended)
+                self._slowest_turn_s = max(self._slowest_turn_s, ended - began)
                 if self._link.up:
                     backoff_s = 0.1
         finally:
@@ -395,7 +399,9 @@ class Tracker:
                     readers.note(record.headers, now)
         self._sync_offsets()
         self._probe()
+        began = time.monotonic()
         self._redeliver()
+        self._slowest_redelivery_s = max(self._slowest_redelivery_s, time.monotonic() - began)
         self._commit(force=False)
         self._log_stats()
 
@@ -729,6 +735,11 @@ class Tracker:
             return
         self._next_stats = now + self.config.stats_interval_s
         stats = self.stats()
+        # The slowest loop turn, and the slowest redelivery step, since the last stats line:
+        # while a turn lasts, nothing else is read or redelivered.
+        stats["turn_max_ms"] = round(self._slowest_turn_s * 1000)
+        stats["redeliver_max_ms"] = round(self._slowest_redelivery_s * 1000)
+        self._slowest_turn_s = self._slowest_redelivery_s = 0.0
         log.info("stats: %s", " ".join(f"{k}={v}" for k, v in sorted(stats.items())))
 
     def _shutdown(self) -> None:

@@ -593,3 +593,18 @@ def test_a_transactional_producer_that_cannot_reach_kafka_gives_up_within_a_seco
             t._transactional_producer("grp.q.markers.0")
         took_s = time.monotonic() - began
     assert took_s < 5.0, f"the build held the loop {took_s:.1f} s"
+
+
+def test_the_stats_line_says_the_slowest_turn_since_the_last_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    t = Tracker.__new__(Tracker)
+    t.config = CONFIG
+    t._states = {}
+    t._retired = Counter()
+    t._next_stats = 0.0
+    t._slowest_turn_s, t._slowest_redelivery_s = 1.2344, 0.5006
+    with caplog.at_level("INFO", logger="kmq.tracker"):
+        t._log_stats()
+    assert "turn_max_ms=1234" in caplog.text and "redeliver_max_ms=501" in caplog.text
+    assert (t._slowest_turn_s, t._slowest_redelivery_s) == (0.0, 0.0), "per stats line"
