@@ -29,9 +29,15 @@ million, a few milliseconds over the longest lease."""
 MAX_AGE_MS = 2**32 - 1
 
 MAX_PENDING = 100_000
-"""Leases awaiting a tick are kept up to this many (a few MB): a replay whose predecessor
-wrote no ticks (ticks off, or a tracker before them) must not grow without bound. The
-oldest beyond it keep the lease from their replay, as without ticks."""
+"""Leases awaiting a tick are kept up to this many: a replay whose predecessor wrote no
+ticks (ticks off, or a tracker before them) must not grow without bound. The oldest beyond
+it keep the lease from their replay, as without ticks."""
+
+MAX_TRACKED = 100_000
+"""Deliveries a replay keeps bookkeeping for, awaiting a tick or covered by one (about 250
+bytes each while the replay lasts, so at most about 25 MB): a successor replaying a
+million open leases would otherwise hold that much more than the leases themselves. One
+beyond it keeps the lease from its replay, as without ticks."""
 
 
 def ceil_ms(t: float) -> int:
@@ -92,11 +98,20 @@ class Handover:
         time plus ``lease_s``."""
         pending, marks = self._pending, self._marks
         if len(pending) >= MAX_PENDING:
-            old_offset, old_key, _ = pending.popleft()
-            if marks.get(old_key) == old_offset:
-                del marks[old_key]
+            self._evict_oldest()
+        if key not in marks:
+            while len(marks) >= MAX_TRACKED and pending:
+                self._evict_oldest()
+            if len(marks) >= MAX_TRACKED:
+                return  # every tracked lease is covered: this one keeps its replay lease
         marks[key] = offset
         pending.append((offset, key, lease_s))
+
+    def _evict_oldest(self) -> None:
+        offset, key, _ = self._pending.popleft()
+        if self._marks.get(key) == offset:
+            del self._marks[key]
+            self._bounds.pop(key, None)  # an earlier lease's bound, no longer its deadline
 
     def forget(self, key: int) -> None:
         """``key``'s deadline was set some other way (a NACK, a second START), or it was

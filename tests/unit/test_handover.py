@@ -182,6 +182,42 @@ def test_a_replay_without_ticks_keeps_bounded_bookkeeping(
     assert kept[3:] == [pytest.approx(8.0 + 90.5 + LEASE_S + DRIFT_MARGIN_S)] * 2
 
 
+def test_a_replay_keeps_bookkeeping_for_at_most_max_tracked_deliveries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Leases covered by ticks stay in the bookkeeping until the replay ends, so their
+    number is capped too: one beyond the cap keeps the lease from its replay."""
+    monkeypatch.setattr(handover, "MAX_TRACKED", 2)
+    deliveries = [(0, 1, 40 + i) for i in range(3)]
+    records = [marker(S, deliveries[0]), marker(S, deliveries[1]), probe_record(4.0),
+               probe_record(9.0, acked=(2, 8.0)), marker(S, deliveries[2])]  # fmt: skip
+    state = replaying(len(records) + 1)
+    replay(state, records, 100.0)
+    book = state._handover
+    assert book is not None
+    assert len(book._marks) == len(book._bounds) == 2 and len(book._pending) == 0
+    state.on_record(len(records), probe_record(10.0, acked=(5, 9.5)), 100.0)
+    taken = [state.deadline_of(delivery_key(*d)) for d in deliveries]
+    assert taken[:2] == [pytest.approx(8.0 + 90.5 + LEASE_S + DRIFT_MARGIN_S)] * 2
+    assert taken[2] == 100.0 + LEASE_S, "beyond the cap: as without ticks"
+
+
+def test_a_lease_that_falls_out_of_the_bookkeeping_takes_its_old_bound_along(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(handover, "MAX_PENDING", 1)
+    other = (0, 1, 41)
+    records = [marker(S, DELIVERY), probe_record(4.0), probe_record(9.0, acked=(1, 8.0)),
+               marker(K, DELIVERY), marker(S, other)]  # fmt: skip
+    state = replaying(len(records) + 1)
+    replay(state, records, 100.0)
+    book = state._handover
+    assert book is not None
+    assert set(book._marks) == {delivery_key(*other)} and book._bounds == {}
+    state.on_record(len(records), probe_record(10.0, acked=(5, 9.5)), 100.0)
+    assert state.deadline_of(KEY) == 100.0 + LEASE_S, "its KEEPALIVE fell out: as without ticks"
+
+
 def test_tick_needed_and_the_tick_it_writes() -> None:
     state = PartitionState(PARTITION, probe_nonce=OLD)
     state.set_position(0)
