@@ -15,15 +15,24 @@ from bench.common import JSON, Children, Context, median, mem_available_bytes
 LEASE_MS = 30_000
 
 
-def new_state() -> Any:
-    """A PartitionState as tracker.daemon builds it (it keeps no payloads)."""
+def new_state(*, replaying: bool = False) -> Any:
+    """A PartitionState as tracker.daemon builds it (it keeps no payloads), caught up on its
+    partition as a tracker is between replays; with ``replaying``, one still replaying it,
+    which also keeps the bookkeeping a replay takes over leases with (tracker.handover)."""
     from tracker.state import PartitionState
 
-    return PartitionState(0)
+    state = PartitionState(0)
+    if not replaying:
+        state.set_position(0)
+        state.set_end_offset(0)
+    return state
 
 
-def state_settings() -> str:
-    return "PartitionState(), as tracker.daemon builds it (marker protocol v2, no payloads)"
+def state_settings(*, replaying: bool = False) -> str:
+    return (
+        f"PartitionState(), as tracker.daemon builds it (marker protocol v2, no payloads), "
+        f"{'replaying its partition' if replaying else 'caught up on its partition'}"
+    )
 
 
 def _marker(kind: Any, i: int) -> Any:
@@ -140,7 +149,8 @@ def run_rss(a: JSON) -> JSON:
     from kmq.markers import Marker, MarkerType, encode
 
     count: int = a["count"]
-    state = new_state()
+    replaying = bool(a.get("replaying", False))
+    state = new_state(replaying=replaying)
     now = 1000.0
     # Markers no longer carry payloads: "size" stays in the report to show that the state
     # does not depend on it. Warm up allocator pools and imports, then measure from here.
@@ -165,7 +175,7 @@ def run_rss(a: JSON) -> JSON:
         "rss_after_mib": after / 2**20,
         "bytes_per_in_flight": (after - before) / count,
         "seconds": elapsed,
-        "state": state_settings(),
+        "state": state_settings(replaying=replaying),
     }
 
 

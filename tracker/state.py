@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import operator
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -76,6 +76,9 @@ _NACK = int(MarkerType.NACK)
 _RELEASE = int(MarkerType.RELEASE)
 _REJECT = int(MarkerType.REJECT)
 _PROBE = int(MarkerType.PROBE)
+READ_AT_STEP_S = 1.0
+"""How far the reported read time of the oldest in-flight START may be early (the
+oldest-in-flight-age gauge overstates by less than this)."""
 PROBE_RETRY_S = 1.0
 """A probe not read back within this long is sent again (it may have been lost)."""
 
@@ -145,8 +148,11 @@ class PartitionState:
         # In-flight entries by deadline; a keyed list holds no per-entry tuple.
         self._deadlines: SortedKeyList = SortedKeyList(key=_by_deadline)
         self._starts: SortedList = SortedList()  # marker offsets of in-flight STARTs
-        # When each in-flight START's offset was read, oldest first (offsets come in order).
-        self._read_at: dict[int, float] = {}
+        # When in-flight STARTs were read: (START offset, read at), a new pair only once the
+        # clock has moved READ_AT_STEP_S past the last (offsets and times come in order), the
+        # first pair at or below the oldest in-flight START. A dict of every START's read
+        # time cost 80 bytes per message in flight, for one gauge.
+        self._read_marks: deque[tuple[int, float]] = deque()
         self.highwater: int | None = None
         """The partition's end, as the last fetch response told it (for the lag metric)."""
         self._dead_letter_queues: dict[int, str] = {}  # only for STARTs naming one
@@ -467,10 +473,12 @@ class PartitionState:
         return len(self._unread)
 
     def oldest_read_at(self) -> float | None:
-        """When the oldest in-flight START was read (this tracker's monotonic clock)."""
-        for read_at in self._read_at.values():
-            return read_at
-        return None
+        """When the oldest in-flight START was read (this tracker's monotonic clock), at
+        most READ_AT_STEP_S early. Safe to call from another thread."""
+        try:
+            return self._read_marks[0][1] if self._starts else None
+        except IndexError:  # emptied meanwhile by the run loop
+            return None
 
     def deliveries(self) -> list[Delivery]:
         return [split_key(key) for key in self._inflight if key not in self._unread]
@@ -493,7 +501,7 @@ class PartitionState:
             del self._unread[delivery]
             self.stats["unread_taken"] += 1
             self._starts.add(offset)
-            self._read_at.setdefault(offset, now)
+            self._note_read(offset, now)
             inflight.start_offset, inflight.max_attempts = offset, entry[6]
             inflight.attempt_step = 1
             inflight.reason, inflight.cause = "lease expired", "lease_expired"
@@ -517,9 +525,14 @@ class PartitionState:
             self._dead_letter_queues[delivery] = text.decode("utf-8", "replace")
         self._deadlines.add(inflight)
         self._starts.add(offset)
-        self._read_at.setdefault(offset, now)
+        self._note_read(offset, now)
         if handover is not None:
             handover.leased(offset, delivery, lease_s)
+
+    def _note_read(self, offset: int, now: float) -> None:
+        marks = self._read_marks
+        if not marks or now - marks[-1][1] >= READ_AT_STEP_S:
+            marks.append((offset, now))
 
     def _lease_s(self, ms: int) -> float:
         if 0 < ms <= _MAX_LEASE_MS:
@@ -553,9 +566,15 @@ class PartitionState:
             self._handover.forget(key)  # a replay's bookkeeping holds no settled delivery
         if not inflight.redelivering:
             self._deadlines.discard(inflight)
-        self._starts.discard(inflight.start_offset)
-        if inflight.start_offset not in self._starts:
-            self._read_at.pop(inflight.start_offset, None)
+        starts = self._starts
+        starts.discard(inflight.start_offset)
+        marks = self._read_marks
+        if not starts:
+            marks.clear()
+        else:
+            oldest = starts[0]
+            while len(marks) > 1 and marks[1][0] <= oldest:
+                marks.popleft()
         if self._dead_letter_queues:
             self._dead_letter_queues.pop(key, None)
         if self._unread:

@@ -18,7 +18,7 @@ from kmq.markers import Marker, MarkerType, encode_batch
 from kmq.records import delivery_key
 from tracker.health import BrokerLink, ProbeServer
 from tracker.metrics import registry
-from tracker.state import PartitionState
+from tracker.state import READ_AT_STEP_S, PartitionState
 from tracker.view import TrackerView, partition_view
 
 NOW = 1000.0
@@ -145,6 +145,29 @@ def test_a_record_of_several_starts_stays_in_the_age_until_its_last_settles() ->
     assert sample(view_of(s), "kmq_tracker_oldest_in_flight_age_seconds", partition="0") == 30
     feed(s, 3, Marker(MarkerType.END, partition=1, offset=2), NOW)
     assert sample(view_of(s), "kmq_tracker_oldest_in_flight_age_seconds", partition="0") == 5
+
+
+def test_the_oldest_read_time_is_early_by_less_than_a_step_and_kept_per_step() -> None:
+    """STARTs read within READ_AT_STEP_S of the last noted read time share it: the age
+    gauge may overstate by less than the step, and the state keeps a read time per step
+    of the clock, not per message in flight."""
+    s = PartitionState(0)
+    s.set_position(0)
+    s.set_end_offset(0)
+    step = READ_AT_STEP_S
+    feed(s, 0, start(1), NOW - 30)
+    for i in range(2, 1000):
+        feed(s, i - 1, start(i), NOW - 30 + step * 0.9 * i / 1000)  # all within one step
+    feed(s, 999, start(1000), NOW - 20)
+    assert len(s._read_marks) == 2
+    feed(s, 1000, Marker(MarkerType.END, partition=1, offset=1), NOW)
+    # The oldest in flight was read 0.0009 s after the first: reported as read with it.
+    assert s.oldest_read_at() == NOW - 30
+    for i in range(2, 1000):
+        feed(s, 1000 + i, Marker(MarkerType.END, partition=1, offset=i), NOW)
+    assert s.oldest_read_at() == NOW - 20 and len(s._read_marks) == 1
+    feed(s, 2000, Marker(MarkerType.END, partition=1, offset=1000), NOW)
+    assert s.oldest_read_at() is None and len(s._read_marks) == 0
 
 
 def test_other_counters_are_events_and_none_is_exposed_twice() -> None:
