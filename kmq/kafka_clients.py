@@ -272,9 +272,13 @@ def client_args(
     }
 
 
-def producer(conn: KafkaConnection, role: str | None = None, **settings: Any) -> KafkaProducer:
-    """A KafkaProducer for ``conn``; ``settings`` (acks, idempotence...) win over defaults."""
-    return _build(KafkaProducer, conn, role, settings)
+def producer(
+    conn: KafkaConnection, role: str | None = None, *, explain: bool = True, **settings: Any
+) -> KafkaProducer:
+    """A KafkaProducer for ``conn``; ``settings`` (acks, idempotence...) win over defaults.
+    ``explain=False``: if the cluster cannot be reached, say so without probing why (the
+    probe may wait seconds more for a connection)."""
+    return _build(KafkaProducer, conn, role, settings, explain)
 
 
 def consumer(conn: KafkaConnection, role: str | None = None, **settings: Any) -> KafkaConsumer:
@@ -290,16 +294,22 @@ def admin(conn: KafkaConnection, role: str | None = "admin", **settings: Any) ->
     return _build(KafkaAdminClient, conn, role, settings)
 
 
-def _build(kind: Any, conn: KafkaConnection, role: str | None, settings: Mapping[str, Any]) -> Any:
+def _build(
+    kind: Any,
+    conn: KafkaConnection,
+    role: str | None,
+    settings: Mapping[str, Any],
+    explain: bool = True,
+) -> Any:
     args = client_args(conn, role, settings)
     try:
         return kind(**args)
     except KafkaError:
         timeout_ms = args["bootstrap_timeout_ms"]
+        why = diagnose(conn) if explain else "no answer"
         raise BrokerError(
             f"cannot connect to Kafka at {conn.bootstrap_servers} "
-            f"({conn.security.security_protocol}) within {timeout_ms / 1000:g} s: "
-            f"{diagnose(conn)}"
+            f"({conn.security.security_protocol}) within {timeout_ms / 1000:g} s: {why}"
         ) from None
 
 

@@ -209,8 +209,10 @@ class Tracker:
             max_block_ms=int(TXN_TIMEOUT_S * 1000),
             # The constructor connects before it returns, on the loop's thread: while Kafka
             # cannot be reached, a claim gives up after this and is retried next turn
-            # (kafka-python's default, the request timeout, froze the loop for 30 s).
+            # (kafka-python's default, the request timeout, froze the loop for 30 s), and
+            # without a probe of why, which could wait 5 s more for a connection.
             bootstrap_timeout_ms=_TXN_BOOTSTRAP_MS,
+            explain=False,
             acks="all",
             enable_idempotence=True,
             max_request_size=config.max_message_bytes + _DEAD_LETTER_HEADROOM_BYTES,
