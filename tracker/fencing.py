@@ -25,7 +25,7 @@ from kafka.errors import (
     ProducerFencedError,
 )
 
-from kmq.errors import KmqError
+from kmq.errors import BrokerError
 
 log = logging.getLogger("kmq.tracker")
 
@@ -85,7 +85,7 @@ class PartitionWriters:
             if producer is not None:
                 self._pending[partition] = producer
             return False
-        except (KafkaError, KmqError) as exc:  # KmqError: the producer could not be built
+        except (KafkaError, BrokerError) as exc:  # BrokerError: the producer was not built
             log.warning("markers partition %d: cannot claim %s yet (%r)", partition, txn_id, exc)
             if producer is not None:
                 with contextlib.suppress(Exception):
