@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,9 @@ from kafka.errors import (
 from kmq.errors import BrokerError
 
 log = logging.getLogger("kmq.tracker")
+
+BUILD_RETRY_S = 1.0
+"""After a failed producer build, how long claims that need a new producer wait."""
 
 FENCED_ERRORS: tuple[type[BaseException], ...] = (ProducerFencedError, InvalidProducerEpochError)
 """What the broker answers a fenced producer."""
@@ -55,9 +59,14 @@ class PartitionWriters:
         group_id: str,
         marker_topic: str,
         init: Callable[[Any], None] = lambda producer: producer.init_transactions(),
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._make = make
         self._init = init
+        self._clock = clock
+        self._no_build_until = float("-inf")
+        """After a producer could not be built (Kafka unreachable), no other partition's
+        claim tries again before this: each try may hold the caller up to its timeout."""
         self._group_id = group_id
         self._marker_topic = marker_topic
         self._producers: dict[int, Any] = {}
@@ -74,6 +83,8 @@ class PartitionWriters:
         txn_id = transactional_id(self._group_id, self._marker_topic, partition)
         producer = self._pending.pop(partition, None)
         waited = producer is not None
+        if producer is None and self._clock() < self._no_build_until:
+            return False
         try:
             if producer is None:
                 producer = self._make(txn_id)
@@ -87,7 +98,9 @@ class PartitionWriters:
             return False
         except (KafkaError, BrokerError) as exc:  # BrokerError: the producer was not built
             log.warning("markers partition %d: cannot claim %s yet (%r)", partition, txn_id, exc)
-            if producer is not None:
+            if producer is None:
+                self._no_build_until = self._clock() + BUILD_RETRY_S
+            else:
                 with contextlib.suppress(Exception):
                     producer.close(timeout=1)
             return False

@@ -16,6 +16,7 @@ from kafka.errors import (
 from kmq.errors import BrokerError
 from tests.unit.kafka_stubs import StubTxnProducer
 from tracker.fencing import (
+    BUILD_RETRY_S,
     FENCED_ERRORS,
     FenceWatch,
     PartitionWriters,
@@ -153,11 +154,18 @@ def test_release_closes_an_unanswered_claim() -> None:
     ids=["kafka-error", "broker-error"],
 )
 def test_a_claim_whose_producer_cannot_be_built_keeps_nothing(exc: Exception) -> None:
+    """Nor does any claim that needs a new producer try again for BUILD_RETRY_S: each try
+    can hold the tracker's loop up to the build's timeout while Kafka cannot be reached."""
     factory = Factory()
     factory.make_fails.append(exc)
-    w = writers(factory)
+    now = [100.0]
+    w = PartitionWriters(factory, "grp", "markers", clock=lambda: now[0])
     assert w.claim(0) is False
     assert factory.made == [] and w.claimed() == set()
+    now[0] += BUILD_RETRY_S - 0.001
+    assert w.claim(0) is False and w.claim(1) is False
+    assert factory.made == [], "not built again yet, for no partition"
+    now[0] += 0.001
     assert w.claim(0) is True and w.claimed() == {0}
 
 
