@@ -205,7 +205,8 @@ class Tracker:
             # a partition's first round re-queues twice (finding the group's coordinator for
             # its offsets): 200 ms of every first redelivery with the default 100.
             retry_backoff_ms=_TXN_RETRY_BACKOFF_MS,
-            # How long init_transactions() may block the loop; claiming is retried next turn.
+            # How long send() may block the loop waiting for a topic's metadata (a claim's
+            # init_transactions() waits CLAIM_WAIT_S instead: tracker.txn_wait.init).
             max_block_ms=int(TXN_TIMEOUT_S * 1000),
             # The constructor connects before it returns, on the loop's thread: while Kafka
             # cannot be reached, a claim gives up after this and is retried next turn
