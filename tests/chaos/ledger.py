@@ -90,6 +90,14 @@ UNREAD_WINDOW_S = 36.0
 is looked at every 2 s for 30 s after it was written (tracker defaults), and may have been
 written up to a second after its reader last said it reads there, plus slack."""
 
+SLOW_S = 10.0
+"""Delays beyond the lease over this long (issue 11's bound on their p99) are counted by where
+the time went (``Report.slow_kinds``)."""
+READER_WINDOW_S = 5.0
+"""A worker that took a record of a queue within this long before a copy's REDELIVERED
+marker, and is still alive then, counts as reading that queue (an idle group member, which
+owns none of the queue's partitions, takes nothing)."""
+
 Delivery = tuple[int, int, int]
 """(lane, partition, offset): lane 0 is the queue topic, 1 the retry topic."""
 
@@ -344,6 +352,11 @@ class Report:
     """Each delay's tracker part: from the lease's end to the copy's REDELIVERED marker."""
     consumer_delays_s: list[float] = field(default_factory=list)
     """Each delay's consumer part: from that marker to a worker taking the copy."""
+    slow_kinds: Counter[str] = field(default_factory=Counter)
+    """Delays over ``SLOW_S`` by where the time went: ``tracker_killed`` / ``tracker_slow``
+    (mostly before the REDELIVERED marker, with / without a tracker kill since the holder's),
+    ``no_reader`` / ``reader_slow`` (mostly after it, with no worker left reading the queue
+    when it was written / with one)."""
     worker_kills: int = 0
     tracker_kills: int = 0
     resets: int = 0
@@ -370,6 +383,7 @@ class Report:
             return "n/a" if value is None else f"{value:.2f}s"
 
         causes = " ".join(f"{k}={v}" for k, v in sorted(self.causes.items()))
+        slow = " ".join(f"{k}={v}" for k, v in sorted(self.slow_kinds.items()))
         return (
             f"chaos summary: seed={self.seed} {params} messages={self.messages} "
             f"kills={self.worker_kills + self.tracker_kills} (workers={self.worker_kills} "
@@ -386,6 +400,7 @@ class Report:
             f"p99={seconds(self.delay_percentile(0.99, self.tracker_delays_s))}, consumer part "
             f"p50={seconds(self.delay_percentile(0.5, self.consumer_delays_s))} "
             f"p99={seconds(self.delay_percentile(0.99, self.consumer_delays_s))}) "
+            f"over_{SLOW_S:g}s={sum(self.slow_kinds.values())} ({slow}) "
             f"skewed ahead/behind: markers={self.skewed_markers[0]}/{self.skewed_markers[1]} "
             f"records={self.skewed_records[0]}/{self.skewed_records[1]} "
             f"elapsed={self.elapsed_s:.0f}s"
@@ -486,10 +501,14 @@ def _check_redeliveries(
     workers = {i.name: i for i in run.incarnations if i.kind == "worker"}
     by_delivery: dict[tuple[str, Delivery], list[WorkerEvent]] = defaultdict(list)
     receipts: dict[tuple[str, int], list[float]] = defaultdict(list)
+    takes_of_queue: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    queue_of: dict[str, str] = {}
     for event in ledgers.events:
         by_delivery[(event.id, event.delivery)].append(event)
         if event.kind == "took":
             receipts[(event.id, event.attempt)].append(event.t)
+            takes_of_queue[event.queue].append((event.t, event.worker))
+            queue_of[event.id] = event.queue
     starts: dict[tuple[str, Delivery], list[MarkerRecord]] = defaultdict(list)
     marks: dict[tuple[str, Delivery], list[MarkerRecord]] = defaultdict(list)
     nacked: set[tuple[str, Delivery]] = set()
@@ -599,15 +618,55 @@ def _check_redeliveries(
                 report.delays_beyond_lease_s.append(delay)
                 report.tracker_delays_s.append(at - killed_at - run.lease_s)
                 report.consumer_delays_s.append(min(after) - at)
+                kind = ""
+                if delay > SLOW_S:
+                    kind = _slow_kind(
+                        killed_at + run.lease_s,
+                        at,
+                        min(after),
+                        tracker_kills,
+                        _readers(takes_of_queue[queue_of[record.message_id]], workers, at),
+                        killed_at,
+                    )
+                    report.slow_kinds[kind] += 1
+                    kind = f" ({kind})"
                 report.slow_redeliveries.append(
                     (
                         delay,
-                        f"{record.message_id} {where(marker)} cause={cause}: holder killed at "
-                        f"{killed_at:.3f}, redelivered {at - killed_at - run.lease_s:.1f} s "
-                        f"beyond the lease (marker {record.partition}:{record.offset}), copy "
-                        f"attempt {marker.attempt} taken {min(after) - at:.1f} s after that",
+                        f"{record.message_id} {where(marker)} cause={cause}{kind}: "
+                        f"holder killed at {killed_at:.3f}, redelivered "
+                        f"{at - killed_at - run.lease_s:.1f} s beyond the lease (marker "
+                        f"{record.partition}:{record.offset}), copy attempt {marker.attempt} "
+                        f"taken {min(after) - at:.1f} s after that",
                     )
                 )
+
+
+def _slow_kind(
+    lease_end: float,
+    redelivered: float,
+    taken: float,
+    tracker_kills: list[float],
+    readers: set[str],
+    holder_killed: float,
+) -> str:
+    """Where a long delay went: see ``Report.slow_kinds``."""
+    if redelivered - lease_end >= taken - redelivered:
+        if any(holder_killed <= k <= redelivered for k in tracker_kills):
+            return "tracker_killed"
+        return "tracker_slow"
+    return "reader_slow" if readers else "no_reader"
+
+
+def _readers(
+    takes: list[tuple[float, str]], workers: dict[str, Incarnation], at: float
+) -> set[str]:
+    """The workers alive at ``at`` that took one of ``takes`` within ``READER_WINDOW_S``."""
+    return {
+        name
+        for t, name in takes
+        if at - READER_WINDOW_S <= t <= at and name in workers and workers[name].end > at
+    }
 
 
 def _renacked(events: list[WorkerEvent], previous: float, at: float) -> bool:

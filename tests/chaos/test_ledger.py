@@ -377,3 +377,50 @@ def test_a_copy_nobody_took_copied_again_is_explained_by_a_kill_or_fault(
     assert report.unexplained == [] and report.early == []
     assert len(report.overload) == (cause == "unread_silent")
     assert report.delays_beyond_lease_s == [], "no holder's lease to time it from"
+
+
+def slow_redelivery(
+    redelivered: float, taken: float, others: list[WorkerEvent], trackers: list[Incarnation]
+) -> Report:
+    """The holder w0.1 killed at T0 + 2 (its lease ends at T0 + 4); w1.1 takes the copy."""
+    return run_check(
+        [worker("w0.1", 0.0, killed=T0 + 2), worker("w1.1", 0.0), worker("w2.1", 0.0), *trackers],
+        [event("took", "w0.1", T0 + 1), event("took", "w1.1", taken, attempt=2), *others],
+        [
+            marker(MarkerType.START, T0 + 1),
+            marker(MarkerType.REDELIVERED, redelivered, attempt=2, reason="lease expired"),
+        ],
+    )
+
+
+def test_a_copy_taken_late_with_no_reader_of_its_queue_left_is_counted_so() -> None:
+    report = slow_redelivery(T0 + 4.5, T0 + 20, [], [])
+    assert report.delays_beyond_lease_s == [pytest.approx(20 - 2 - LEASE_S)]
+    assert report.slow_kinds == {"no_reader": 1}
+    assert "over_10s=1 (no_reader=1)" in report.summary("")
+    assert "(no_reader)" in report.slow_redeliveries[0][1]
+
+
+def test_a_copy_taken_late_although_its_queue_had_a_live_reader_is_counted_so() -> None:
+    # w2.1 took another message of the queue just before the copy was written.
+    other = WorkerEvent("took", "w2.1", T0 + 4, "n" * 32, "q0", 1, (0, 0, 3))
+    assert slow_redelivery(T0 + 4.5, T0 + 20, [other], []).slow_kinds == {"reader_slow": 1}
+    # Another queue's reader does not count.
+    elsewhere = WorkerEvent("took", "w2.1", T0 + 4, "n" * 32, "q1", 1, (0, 0, 3))
+    assert slow_redelivery(T0 + 4.5, T0 + 20, [elsewhere], []).slow_kinds == {"no_reader": 1}
+
+
+def test_a_copy_written_late_is_counted_by_whether_a_tracker_was_killed() -> None:
+    tracker = Incarnation("t0.1", "tracker", 0, 0.0, started=T0, killed=T0 + 3)
+    assert slow_redelivery(T0 + 16, T0 + 16.5, [], [tracker]).slow_kinds == {"tracker_killed": 1}
+    assert slow_redelivery(T0 + 16, T0 + 16.5, [], []).slow_kinds == {"tracker_slow": 1}
+    # A tracker killed before the holder was is not why the copy came late.
+    before = Incarnation("t0.1", "tracker", 0, 0.0, started=T0, killed=T0 + 1)
+    assert slow_redelivery(T0 + 16, T0 + 16.5, [], [before]).slow_kinds == {"tracker_slow": 1}
+
+
+def test_delays_within_the_bound_are_not_counted_slow() -> None:
+    report = slow_redelivery(T0 + 4.5, T0 + 13, [], [])
+    assert report.delays_beyond_lease_s == [pytest.approx(13 - 2 - LEASE_S)]
+    assert report.slow_kinds == {}
+    assert "over_10s=0 ()" in report.summary("")
