@@ -14,6 +14,11 @@ owner and given to the new one only in the next round, so no two members read it
 A member killed or joining then stops only the partitions it owned or gets, not the whole
 group (eager rebalancing revokes every partition of every member at every join).
 
+A cooperative member also says which spare retry-lane partitions it reads
+(:func:`kmq.layout.spare_candidates`), and the leader gives each member that owns none of
+the queue's partitions one nobody reads (:func:`assign_spares`), in the assignment's user
+data. Members and leaders of earlier releases send and give none.
+
 Eager members also offer kafka-python's range assignor, after this one: a group that still
 has members of kmq 0.1 (range only) then agrees on range, and everyone reads everything, as
 0.1 did. Cooperative members cannot (kafka-python needs one rebalance protocol for all of a
@@ -25,7 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import zlib
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from kafka.coordinator.assignors.abstract import AbstractPartitionAssignor, RebalanceProtocol
@@ -47,9 +52,31 @@ Declared = Mapping[str, Iterable[int]]
 Partition = tuple[str, int]
 
 
-def encode_declared(declared: Declared) -> bytes:
+def encode_declared(declared: Declared, spares: Collection[int] | None = None) -> bytes:
+    """A member's subscription user data: what it asks for, and (if it can read spares at
+    all) the spare retry partitions it reads now."""
     doc: dict[str, Any] = {"v": 1, "t": {t: sorted(ps) for t, ps in declared.items()}}
+    if spares is not None:
+        doc["s"] = sorted(spares)
     return json.dumps(doc).encode()
+
+
+def decode_spares(data: bytes | None) -> set[int] | None:
+    """The spares a member reads, from its subscription's or its assignment's user data;
+    ``None`` if it says nothing of spares (a member or leader of an earlier release)."""
+    if not data:
+        return None
+    try:
+        listed = json.loads(data)["s"]
+        spares = {int(p) for p in listed}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return spares if all(p >= 0 for p in spares) else None
+
+
+def encode_spares(spares: Collection[int]) -> bytes:
+    """An assignment's user data: the spares its member is to read."""
+    return json.dumps({"v": 1, "s": sorted(spares)}).encode()
 
 
 def decode_declared(data: bytes | None) -> dict[str, set[int]] | None:
@@ -153,12 +180,49 @@ def _even_out(
                 moved = True
 
 
+def assign_spares(
+    members: Sequence[tuple[str, Collection[int] | None]],
+    load: Mapping[str, int],
+    candidates: Collection[int],
+) -> dict[str, list[int]]:
+    """Pure: spare retry partitions for the ``members`` (id, the spares it reads now, or
+    ``None`` if it cannot read any) given ``load`` (queue partitions each is assigned).
+
+    A member keeps the spares it reads that are still ``candidates``; one claimed twice
+    stays with the first. A member that is assigned no queue partition and reads no spare
+    gets one that nobody reads. A spare never moves from one member to another while both
+    are in the group, so no two ever read one at once: it is freed when its member leaves
+    (or it stops being a candidate), for a later round. Members that cannot read spares get
+    no entry."""
+    out: dict[str, list[int]] = {m: [] for m, held in members if held is not None}
+    taken: set[int] = set()
+    for member_id, held in members:
+        for partition in sorted(held or ()):
+            if partition in candidates and partition not in taken:
+                out[member_id].append(partition)
+                taken.add(partition)
+    free = sorted(set(candidates) - taken)
+    for member_id, held in members:
+        if not free:
+            break
+        if held is None or out[member_id] or load.get(member_id, 0) > 0:
+            continue
+        chosen = max(free, key=lambda p: _weight(("", p), member_id))
+        free.remove(chosen)
+        out[member_id].append(chosen)
+    return out
+
+
 class LayoutAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
     """kafka-python's side of :func:`assign`. ``declared()`` is asked at every join.
 
     ``owned()``, given for cooperative rebalancing, is what the member reads now (its
     consumer's assignment); members send it along (subscription version 1) so the leader
     can keep each partition where it is.
+
+    ``spares()`` (cooperative only) gives the queue's spare candidates and the spares the
+    member reads now; ``on_spares`` is told the spares each assignment gives it (none when
+    the leader is of an earlier release). See :func:`assign_spares`.
     """
 
     name = NAME
@@ -167,9 +231,13 @@ class LayoutAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         self,
         declared: Callable[[], Declared],
         owned: Callable[[], Iterable[Any]] | None = None,
+        spares: Callable[[], tuple[Collection[int], Collection[int]]] | None = None,
+        on_spares: Callable[[frozenset[int]], None] | None = None,
     ) -> None:
         self._declared = declared
         self._owned = owned
+        self._spares = spares if owned is not None else None
+        self._on_spares = on_spares
         self.version = _VERSION if owned is None else _COOPERATIVE_VERSION
 
     def supported_protocols(self) -> list[RebalanceProtocol]:
@@ -178,7 +246,8 @@ class LayoutAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         return [RebalanceProtocol.COOPERATIVE]
 
     def metadata(self, topics: Iterable[str]) -> Any:
-        declared = encode_declared(self._declared())
+        spares = None if self._spares is None else self._spares()[1]
+        declared = encode_declared(self._declared(), spares)
         if self._owned is None:
             return ConsumerProtocolSubscription(_VERSION, sorted(topics), declared)
         by_topic: dict[str, list[int]] = {}
@@ -212,10 +281,22 @@ class LayoutAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         partitions_of = {t: set(cluster.partitions_for_topic(t) or ()) for t in topics}
         static = {m.member_id for m in members if m.group_instance_id is not None}
         result = assign(rows, partitions_of, owned, static)
+        spares: dict[str, list[int]] = {}
+        if self._spares is not None:
+            candidates = set(self._spares()[0])
+            load = {m: sum(map(len, by_topic.values())) for m, by_topic in result.items()}
+            held = [(m.member_id, decode_spares(m.metadata.user_data)) for m in ordered]
+            spares = assign_spares(held, load, candidates)
         return {
-            member_id: ConsumerProtocolAssignment(self.version, sorted(by_topic.items()), b"")
+            member_id: ConsumerProtocolAssignment(
+                self.version,
+                sorted(by_topic.items()),
+                encode_spares(spares[member_id]) if member_id in spares else b"",
+            )
             for member_id, by_topic in result.items()
         }
 
     def on_assignment(self, assignment: Any, generation: int) -> None:
-        pass
+        if self._on_spares is not None:
+            spares = decode_spares(getattr(assignment, "user_data", None))
+            self._on_spares(frozenset(spares or ()))

@@ -44,7 +44,7 @@ from kmq.errors import (
     InvalidArgumentError,
     MessageStateError,
 )
-from kmq.layout import retry_reads
+from kmq.layout import retry_reads, spare_candidates
 from kmq.leases import Actions, Batch, BatchCycle, Leases
 from kmq.marker_writer import Flush, Headers, MarkerWriter
 from kmq.markers import QUEUE_LANE, RETRY_LANE, Entry, MarkerType, encode_entries
@@ -62,6 +62,12 @@ log = logging.getLogger(__name__)
 _START = int(MarkerType.START)
 _KEEPALIVE = int(MarkerType.KEEPALIVE)
 _END = int(MarkerType.END)
+_HERE: Entry = (int(MarkerType.PROBE), 0, 0, 0, 0, 0, 0, 0)
+"""A consumer's "still here": a PROBE of no tracker's (nonce 0), written only for the
+``kmq.reads`` header its record carries (see ``Consumer._announce``)."""
+_ANNOUNCE_S = 0.4
+"""How often a consumer reading spare retry partitions says so on every markers partition it
+wrote nothing to meanwhile: well within the trackers' 1 s (``tracker.readers.FRESH_S``)."""
 _NACK = int(MarkerType.NACK)
 _RELEASE = int(MarkerType.RELEASE)
 _DEAD_LETTERED = int(MarkerType.DEAD_LETTERED)
@@ -181,6 +187,14 @@ class Consumer:
         """Retry-topic partitions the queue's consumers read between them."""
         self._retry_reading: frozenset[int] = frozenset()
         """Those of them this consumer reads (assigned to its retry-lane reader)."""
+        self._spare_candidates: frozenset[int] = frozenset()
+        """Retry-topic partitions the queue's consumers read only as spares
+        (:func:`kmq.layout.spare_candidates`)."""
+        self._spares: frozenset[int] = frozenset()
+        """The spares the group's leader gave this consumer at its last join."""
+        self._spares_reading: frozenset[int] = frozenset()
+        """Those it reads (still candidates)."""
+        self._next_announce = 0.0
         self._queue_window: tuple[int, ...] = ()
         self._retry_window: tuple[int, ...] = ()
         self._legacy_done: set[int] = set()
@@ -232,7 +246,14 @@ class Consumer:
         if self.config.rebalance == EAGER:
             strategy: list[Any] = [LayoutAssignor(declared), RangePartitionAssignor]
         else:  # the member tells the leader what it reads, to keep it through a rebalance
-            strategy = [LayoutAssignor(declared, lambda: made[0].assignment() if made else ())]
+            strategy = [
+                LayoutAssignor(
+                    declared,
+                    lambda: made[0].assignment() if made else (),
+                    spares=lambda: (self._spare_candidates, self._spares_reading),
+                    on_spares=self._on_spares,
+                )
+            ]
         client = kafka_clients.consumer(  # installs kmq.join_fix: a group member
             cfg.connection,
             "consumer",
@@ -647,6 +668,18 @@ class Consumer:
             self._next_layout_check = now + _LAYOUT_CHECK_S
             self._refresh_layout()
             self._check_legacy()
+        if self._spares_reading and now >= self._next_announce:
+            self._next_announce = now + _ANNOUNCE_S
+            self._announce(now - _ANNOUNCE_S)
+
+    def _announce(self, since: float) -> None:
+        """Say what this consumer reads on each markers partition it has written nothing to
+        since ``since``: every tracker hears only its own partitions, and a consumer that
+        holds nothing (one reading only a spare) writes no markers otherwise."""
+        quiet = self._writer.quiet_partitions(since)
+        if quiet:
+            self._writer.add_many([(_HERE, partition) for partition in quiet])
+            self._writer.flush_soon()
 
     def _wait_for_room(self, above: int, timeout_s: float) -> None:
         with self._room_freed:
@@ -684,13 +717,26 @@ class Consumer:
         if self._retry_reading:
             self._set_paused(self._rc, set(self._rc.assignment()) if room <= 0 else set())
 
+    def _on_spares(self, spares: frozenset[int]) -> None:
+        """The spares its group's leader gives it (:func:`kmq.assignor.assign_spares`);
+        called on the loop's thread, at the end of a join."""
+        self._spares = spares
+
     def _follow_queue_partitions(self) -> None:
         """Read the retry-topic partitions that go with the queue partitions this consumer
         owns now (:func:`kmq.layout.retry_reads`), by ``assign()``: the retry lane has no
         group of its own to rebalance, so it keeps being read while the queue's group
         rebalances, and a killed holder's copies, which the tracker sends to the retry
-        partition of another queue partition, reach a live consumer at once."""
-        want = retry_reads(self._queue_window, self._retry_window, self._retry_read, self._assigned)
+        partition of another queue partition, reach a live consumer at once. Plus the
+        spares its group's leader gave it (:func:`kmq.layout.spare_candidates`): a member
+        that owns none of the queue's partitions then still takes copies, even when every
+        owner was killed at once."""
+        spares = self._spares & self._spare_candidates
+        self._spares_reading = spares
+        want = (
+            retry_reads(self._queue_window, self._retry_window, self._retry_read, self._assigned)
+            | spares
+        )
         if want == self._retry_reading:
             return
         self._retry_reading = frozenset(want)
@@ -740,6 +786,9 @@ class Consumer:
             else:
                 declared.add(partition)
         self._retry_read = frozenset(self._svc.read_partitions(self.queue, self._retry_topic))
+        self._spare_candidates = frozenset(
+            spare_candidates(self._svc.partition_count(self._retry_topic), self._retry_read)
+        )
         self._queue_window = self._svc.write_partitions(self.queue)
         self._retry_window = self._svc.write_partitions(self.queue, self._retry_topic)
         self._read = read

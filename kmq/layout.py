@@ -162,16 +162,40 @@ def toward_live_reader(
     """A retry-lane partition for a copy of a record read from ``read_from`` that a consumer
     has lately said it reads (``live``) and that is not the holder's
     (:func:`holders_reads`): :func:`away_from_holder`'s choice if it is one of them, else
-    one picked by ``spread_by`` (the record's offset, say). ``None`` if there is none: then
-    nobody but the holder is known to read the queue's retry lane now."""
-    held = holders_reads(queue_window, retry_window, read_from, lane_is_retry)
-    candidates = sorted(set(live) & set(retry_window) - held)
+    one picked by ``spread_by`` (the record's offset, say). A live partition outside the
+    retry window counts too: one a consumer that owns none of the queue's partitions reads
+    as its spare (:func:`spare_candidates`). ``None`` if there is none: then nobody but the
+    holder is known to read the queue's retry lane now."""
+    candidates = sorted(live_elsewhere(queue_window, retry_window, read_from, lane_is_retry, live))
     if not candidates:
         return None
     away = away_from_holder(queue_window, retry_window, read_from, lane_is_retry)
     if away in candidates:
         return away
     return candidates[spread_by % len(candidates)]
+
+
+def live_elsewhere(
+    queue_window: Sequence[int],
+    retry_window: Sequence[int],
+    read_from: int,
+    lane_is_retry: bool,
+    live: Collection[int],
+) -> set[int]:
+    """Of ``live``, the retry-lane partitions someone other than the holder of a record read
+    from ``read_from`` reads: where :func:`toward_live_reader` may send its copy."""
+    return set(live) - holders_reads(queue_window, retry_window, read_from, lane_is_retry)
+
+
+def spare_candidates(retry_partitions: int, retry_read: Collection[int]) -> list[int]:
+    """The retry-topic partitions a queue's consumers may read as spares: those its own
+    consumers do not read otherwise (outside ``retry_read``, :func:`read_partitions` on the
+    retry topic). A member of the queue's group that owns none of its partitions (more
+    consumers than the queue has partitions) is given one of them by the group's leader
+    (:func:`kmq.assignor.assign_spares`) and says so on its marker records, so a tracker
+    can send it copies while every owner of the queue's partitions is gone (killed at
+    once), instead of to a partition nobody reads until the group has noticed."""
+    return [p for p in range(retry_partitions) if p not in retry_read]
 
 
 def grown(layout: TopicLayout, queue: str, spread: int) -> TopicLayout:

@@ -15,6 +15,7 @@ group commit for acks from several threads.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import zlib
@@ -120,6 +121,8 @@ class MarkerWriter:
         self._headers = headers
         """The headers of every record a flush writes, asked once per flush."""
         self._flush = Flush(on_flushed)
+        self._sent_at: dict[int, float] = {}
+        """When a record last went to each markers partition (monotonic)."""
         self._taken: list[Flush] = []  # flushes being sent or answered
         self._closing = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -131,6 +134,11 @@ class MarkerWriter:
     @property
     def pending(self) -> int:
         return self._count
+
+    def quiet_partitions(self, since: float) -> list[int]:
+        """The markers partitions no record went to since ``since`` (monotonic)."""
+        sent_at = self._sent_at
+        return [p for p in range(self.partitions) if sent_at.get(p, -math.inf) < since]
 
     def add(self, entry: Entry, partition: int, text: bytes = b"") -> Flush:
         """Queue one marker; returns the flush it will go out in."""
@@ -240,7 +248,9 @@ class MarkerWriter:
               flush: Flush) -> None:  # fmt: skip
         headers = self._headers() if self._headers is not None else None
         extra: dict[str, Any] = {"headers": headers} if headers else {}
+        now = time.monotonic()
         for partition, entries in pending.items():
+            self._sent_at[partition] = now
             try:
                 for chunk, chunk_texts in self._chunks(entries, texts.get(partition, [])):
                     value = encode_entries(chunk, chunk_texts)

@@ -208,6 +208,10 @@ class Service:
         """How many partitions the queue topic has (looked up once)."""
         return self._partition_count(self.config.queue_topic)
 
+    def partition_count(self, topic: str) -> int:
+        """How many partitions ``topic`` has (looked up once)."""
+        return self._partition_count(topic)
+
     def marker_partition_count(self) -> int:
         """How many partitions the markers topic has (looked up once)."""
         return self._partition_count(self.config.marker_topic)

@@ -94,7 +94,7 @@ class Tracker:
         self._seek: set[int] = set()  # new states: start the markers reader at their position
         self._next_commit = 0.0
         self._next_stats = time.monotonic() + config.stats_interval_s
-        self._nonce = random.getrandbits(32)
+        self._nonce = random.getrandbits(32) or 1  # 0 marks a consumer's PROBE (kmq.consumer)
         """Marks this replica's PROBE markers: only its own tell it how far it has read."""
         self._acked: dict[int, tuple[int, float]] = {}
         """Per markers partition, this replica's last PROBE the broker acknowledged: its
@@ -119,7 +119,7 @@ class Tracker:
             config.retry_topic,
             config.marker_topic,
             self._partitions_of,
-            live=lambda queue: self._readers.live(queue, time.monotonic()),
+            live=lambda queue: self._live(queue, time.monotonic()),
         )
 
     def _open(self) -> None:
@@ -547,7 +547,7 @@ class Tracker:
                 out.append(d)
                 continue
             _, partition, _ = split_key(d.key)
-            live = self._readers.live(queue, now)
+            live = self._live(queue, now)
             try:
                 retry_window = self._partitions_of(self.config.retry_topic, queue)
                 queue_window = self._partitions_of(self.config.queue_topic, queue)
@@ -556,7 +556,7 @@ class Tracker:
             # What its reader reads, and what the copy could go to instead (as
             # Redeliverer.target will choose: kmq.layout.toward_live_reader).
             held = holders_reads(queue_window, retry_window, partition, True)
-            if not held & live and live & set(retry_window) - held:
+            if not held & live and live - held:
                 out.append(d)
                 continue
             state = self._states.get(d.marker_partition)
@@ -661,6 +661,18 @@ class Tracker:
         # Its records may have been read and skipped while it was dropped: _take has the
         # markers reader start again where the new state starts.
         self._take(back)
+
+    def _live(self, queue: str, now: float) -> frozenset[int]:
+        """The retry-topic partitions some consumer of ``queue`` said it reads lately
+        (:class:`tracker.readers.LiveReaders`), of those the topic has."""
+        live = self._readers.live(queue, now)
+        if not live:
+            return live
+        count = self._retry_partitions()
+        return frozenset(p for p in live if p < count)
+
+    def _retry_partitions(self) -> int:
+        return len(self._reader.partitions_for_topic(self.config.retry_topic) or ())
 
     def _partitions_of(self, topic: str, queue: str) -> tuple[int, ...]:
         """Where ``queue``'s records go on ``topic``: its layout there."""

@@ -6,15 +6,25 @@ import json
 import os
 import signal
 import time
+import uuid
 from collections.abc import Callable
+from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 
 import kmq
 from kmq.layout import mirrored
 from kmq.records import new_message_id, queue_headers
-from tests.functional.conftest import REDELIVERY_TIMEOUT_S, Broker, Topics, worker_argv
+from kmq.topics import ensure_topics
+from tests.functional.conftest import (
+    REDELIVERY_TIMEOUT_S,
+    Broker,
+    RunningTracker,
+    Topics,
+    worker_argv,
+)
 from tests.functional.helpers import Child, Children, wait_until
+from tracker.config import TrackerConfig
 from tracker.daemon import Tracker
 
 BACKLOG = 10_000
@@ -138,6 +148,90 @@ def test_a_killed_holders_copies_reach_a_live_reader_before_its_group_notices(
             "a copy came only after the dead member's partitions moved here: it waited for "
             f"a rebalance ({copies})"
         )
+
+
+def test_an_idle_members_spare_takes_the_copies_when_every_owner_is_killed(
+    broker: Broker, children: Children
+) -> None:
+    """A queue spread over one partition, read by a worker that holds what it takes and by
+    a consumer that owns nothing (more consumers than partitions). The group's leader gives
+    the idle one a spare retry-lane partition (kmq.layout.spare_candidates), which it says
+    it reads; when the worker is SIGKILLed, the tracker sends its copies there, and they
+    reach the idle consumer while the group still waits for the dead member's session to
+    run out. Before spares, they went to the dead owner's retry partition and waited for
+    the group to notice and rebalance."""
+    tag = uuid.uuid4().hex[:10]
+    topics = Topics(f"s{tag}.queue", f"s{tag}.markers", f"s{tag}.control")
+    session_ms = 15_000  # copies are due after the 1 s lease: far sooner than this
+    names: dict[str, Any] = {
+        "bootstrap_servers": broker.bootstrap_servers,
+        "queue_topic": topics.queue,
+        "marker_topic": topics.markers,
+        "control_topic": topics.control,
+    }
+    ensure_topics(
+        kmq.ServiceConfig(**names, queue_partitions=4, queue_spread=1, marker_partitions=2)
+    )
+    config = TrackerConfig(
+        bootstrap_servers=broker.bootstrap_servers,
+        queue_topic=topics.queue,
+        marker_topic=topics.markers,
+        control_topic=topics.control,
+        group_id=f"tracker-{topics.markers}",
+        default_redelivery_timeout_s=REDELIVERY_TIMEOUT_S,
+        session_timeout_ms=broker.session_timeout_ms,
+        commit_interval_s=0.2,
+    )
+    running = RunningTracker(config)
+    service = kmq.Service(
+        **names, redelivery_timeout_s=REDELIVERY_TIMEOUT_S, session_timeout_ms=session_ms
+    )
+    try:
+        assert running.tracker.wait_caught_up(30), "tracker never caught up"
+        window = service.write_partitions("jobs")
+        retry_window = service.write_partitions("jobs", topics.retry)
+        assert len(window) == len(retry_window) == 1
+        worker = holding_worker(broker, topics, children, session_ms)
+        wait_until(
+            lambda: any(e.get("queue") == list(window) for e in worker.events()),
+            60,
+            "the worker to own the queue's partition",
+        )
+        with service.queue("jobs").consumer(max_in_flight=8) as idle:
+            wait_until(
+                lambda: bool(idle.retry_assignment()) and not idle.assignment(),
+                60,
+                "the idle consumer to be given a spare",
+            )
+            spares = idle.retry_assignment()
+            assert not spares & set(retry_window), spares
+            wait_until(
+                lambda: running.tracker.live_readers("jobs") >= spares,
+                15,
+                "the tracker to hear that the idle consumer reads its spare",
+            )
+            producer = service.queue("jobs").producer()
+            for i in range(4):
+                producer.send(f"m{i}".encode())
+            lines = worker.wait_for('"event": "holding"', 30, count=4)
+            held = {json.loads(line)["id"] for line in lines}
+            os.kill(worker.pid, signal.SIGKILL)
+            worker.proc.wait()
+            killed_at = time.monotonic()
+            got: dict[str, tuple[int, int]] = {}
+            while len(got) < len(held) and time.monotonic() < killed_at + 30:
+                msg = idle.receive(timeout_s=0.5)
+                if msg is not None:
+                    assert msg.attempt == 2 and msg.id in held, (msg.id, msg.attempt)
+                    assert not idle.assignment(), "the group moved the dead member's partition"
+                    got[msg.id] = (msg.lane, msg.partition)
+                    msg.ack()
+            assert set(got) == held
+            assert {lane for lane, _ in got.values()} == {1}
+            assert {partition for _, partition in got.values()} <= spares, got
+    finally:
+        service.close()
+        running.stop()
 
 
 def test_a_copy_whose_reader_froze_is_copied_again_to_a_live_one(

@@ -577,6 +577,9 @@ class _Layout:
     def write_partitions(self, queue: str, topic: str | None = None) -> tuple[int, ...]:
         return (0,)
 
+    def partition_count(self, topic: str) -> int:
+        return 3
+
 
 class _Committed:
     """A Kafka client that knows partition 1's committed offset and cannot tell 2's."""

@@ -10,14 +10,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.coordinator.assignors.abstract import RebalanceProtocol
-from kafka.protocol.consumer.metadata import ConsumerProtocolSubscription
+from kafka.protocol.consumer.metadata import (
+    ConsumerProtocolAssignment,
+    ConsumerProtocolSubscription,
+)
 
 from kmq.assignor import (
     NAME,
     LayoutAssignor,
     assign,
+    assign_spares,
     decode_declared,
+    decode_spares,
     encode_declared,
+    encode_spares,
 )
 
 SETTINGS = settings(max_examples=200, deadline=None)
@@ -364,3 +370,104 @@ def test_cooperative_assignor_sends_what_it_owns_and_reads_it_back() -> None:
         "a": {"t": [1, 2]},
         "b": {"t": [0, 3]},
     }
+
+
+# -- spare retry-lane partitions ----------------------------------------------------------------
+
+
+def test_spares_round_trip_and_old_members_say_nothing_of_them() -> None:
+    assert decode_spares(encode_declared({"t": {1}}, {3, 2})) == {2, 3}
+    assert decode_spares(encode_declared({"t": {1}}, ())) == set()
+    assert decode_spares(encode_declared({"t": {1}})) is None, "a member of an earlier release"
+    assert decode_spares(encode_spares([5])) == {5}
+    for data in (None, b"", b"\xff", b"{", b'{"s": 3}', b'{"s": [-1]}', b'{"s": ["x"]}'):
+        assert decode_spares(data) is None, data
+
+
+# members (id, spares read now or None), load, candidates: spares given
+Spares = list[tuple[str, set[int] | None]]
+SPARES: dict[str, tuple[Spares, dict[str, int], set[int], dict[str, list[int]]]] = {
+    "an idle member gets one": ([("a", set()), ("b", set())], {"a": 1}, {3}, {"a": [], "b": [3]}),
+    "an owner gets none": ([("a", set())], {"a": 2}, {2, 3}, {"a": []}),
+    "a spare stays with its member": (
+        [("a", {2}), ("b", set())], {"a": 1}, {2}, {"a": [2], "b": []}
+    ),
+    "claimed twice: the first keeps it": (
+        [("a", {2}), ("b", {2})], {"b": 1}, {2, 3}, {"a": [2], "b": []}
+    ),
+    "one no longer a candidate is dropped": ([("a", {2})], {"a": 1}, {3}, {"a": []}),
+    "and an idle member takes a free one instead": ([("a", {2})], {}, {3}, {"a": [3]}),
+    "not one given twice": ([("a", set()), ("b", set())], {}, {2}, {"a": [2], "b": []}),
+    "none to a member that cannot read spares": ([("a", None)], {}, {2}, {}),
+    "no candidates": ([("a", set())], {}, set(), {"a": []}),
+}
+
+
+@pytest.mark.parametrize(("members", "load", "candidates", "expected"), SPARES.values(),
+                         ids=SPARES.keys())  # fmt: skip
+def test_assign_spares(
+    members: Spares, load: dict[str, int], candidates: set[int], expected: dict[str, list[int]]
+) -> None:
+    assert assign_spares(members, load, candidates) == expected
+
+
+@SETTINGS
+@given(
+    st.lists(
+        st.tuples(st.sets(st.integers(0, 9)) | st.none(), st.integers(0, 2)),
+        min_size=1,
+        max_size=6,
+    ),
+    st.sets(st.integers(0, 9)),
+)
+def test_spares_are_never_shared_moved_or_left_unused_while_an_idle_member_waits(
+    rows: list[tuple[set[int] | None, int]], candidates: set[int]
+) -> None:
+    members = [(f"m{i}", held) for i, (held, _) in enumerate(rows)]
+    load = {f"m{i}": n for i, (_, n) in enumerate(rows)}
+    out = assign_spares(members, load, candidates)
+    given = [p for spares in out.values() for p in spares]
+    assert len(given) == len(set(given)) and set(given) <= candidates
+    claimed: set[int] = set()
+    for member_id, held in members:
+        if held is None:
+            assert member_id not in out
+            continue
+        for p in out[member_id]:
+            # Only what it held, or a partition nobody held: a spare never moves.
+            assert p in held or not any(p in (h or ()) for _, h in members)
+        claimed |= held
+        assert len(out[member_id]) <= max(1, len(held & candidates))
+    waiting = [m for m, held in members if held is not None and not out[m] and not load[m]]
+    if waiting:
+        assert candidates <= set(given) | claimed, "a free spare left while a member idles"
+
+
+def test_the_leader_gives_an_idle_member_a_spare_and_it_hears_of_it() -> None:
+    heard: dict[str, frozenset[int]] = {}
+
+    def assignor(name: str, held: set[int]) -> LayoutAssignor:
+        return LayoutAssignor(
+            lambda: {"t": {0, 1}},
+            lambda: (),
+            spares=lambda: ({2, 3}, held),
+            on_spares=lambda spares: heard.__setitem__(name, spares),
+        )
+
+    leader, idle = assignor("a", set()), assignor("c", set())
+    meta = [ConsumerProtocolSubscription.decode(x.metadata({"t"}).encode()) for x in (leader, idle)]
+    old = ConsumerProtocolSubscription(1, ["t"], encode_declared({"t": {0, 1}}))
+    members = [member("a", meta[0]), member("b", old), member("c", meta[1])]
+    result = leader.assign(Cluster({"t": {0, 1}}), members)
+    assert {m: dict(x.assigned_partitions) for m, x in result.items()} == {
+        "a": {"t": [0]},
+        "b": {"t": [1]},
+        "c": {},
+    }
+    assert result["b"].user_data == b"", "a member of an earlier release is given no spares"
+    for name, x in (("a", leader), ("c", idle)):
+        x.on_assignment(ConsumerProtocolAssignment.decode(result[name].encode()), 1)
+    assert heard["a"] == frozenset() and len(heard["c"]) == 1 and heard["c"] <= {2, 3}
+    # A leader of an earlier release gives none: the member stops reading its spare.
+    idle.on_assignment(ConsumerProtocolAssignment(1, [], b""), 2)
+    assert heard["c"] == frozenset()

@@ -179,13 +179,18 @@ class Harness:
         t._nonce = 7
         t._topics = {0: CONFIG.queue_topic, 1: CONFIG.retry_topic}
         t._redeliverer = Redeliverer(
-            CONFIG.queue_topic, CONFIG.retry_topic, CONFIG.marker_topic, lambda t, q: (0, 1)
+            CONFIG.queue_topic,
+            CONFIG.retry_topic,
+            CONFIG.marker_topic,
+            lambda t, q: (0, 1),
+            live=lambda queue: t._live(queue, time.monotonic()),
         )
         t._readers = LiveReaders()
         raw: Any = t  # typed as the real ControlWatcher and RecordReader
         raw._pauses = StubPauses()
         raw._records = self.records
         raw._partitions_of = lambda topic, queue: (0, 1)  # every queue's window
+        raw._retry_partitions = lambda: 4
         self.tracker = t
         self.states = dict(t._states)
 
@@ -548,6 +553,8 @@ def watched_copy_due(h: Harness, partition: int = 0) -> int:
         ((0,), False),  # its reader is alive: it is coming
         ((0, 1), False),
         ((1,), True),  # its reader went silent, another reads: copy it there
+        ((2,), True),  # a spare, outside the queue's window (kmq.layout.spare_candidates)
+        ((7,), False),  # a partition the retry topic does not have (4) is nobody's
     ],
 )
 def test_a_copy_nobody_took_is_copied_again_only_toward_a_live_reader(
@@ -564,7 +571,7 @@ def test_a_copy_nobody_took_is_copied_again_only_toward_a_live_reader(
     if copied_again:
         txn = h.producers.last(0)
         assert [d.key for d in h.records.asked[-1]] == [key]
-        assert txn.sent[0].partition == 1, "to the partition a live consumer reads"
+        assert txn.sent[0].partition == live[0], "to the partition a live consumer reads"
         marker = decode(txn.sent[1].value)
         assert marker.type is MarkerType.REDELIVERED and (marker.lane, marker.partition) == (
             RETRY_LANE,

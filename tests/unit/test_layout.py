@@ -25,6 +25,7 @@ from kmq.layout import (
     mirrored,
     read_partitions,
     retry_reads,
+    spare_candidates,
     toward_live_reader,
     write_partitions,
 )
@@ -366,8 +367,11 @@ TOWARD_LIVE = {
     "spread by offset": ((5, 6, 7, 8), (1, 2, 3, 4), 5, False, {3, 4}, 1, 4),
     "never the holder's, even if live": ((5, 6, 7), (2, 3, 4), 5, False, {2}, 0, None),
     "nobody live": ((5, 6, 7), (2, 3, 4), 5, False, set(), 0, None),
-    "live outside the window counts for nothing": ((5, 6), (2, 3), 5, False, {9}, 0, None),
+    "a spare outside the window counts": ((5, 6), (2, 3), 5, False, {9}, 0, 9),
+    "but the usual choice first": ((5, 6), (2, 3), 5, False, {3, 9}, 0, 3),
     "a queue window of one: its holder reads all": ((5,), (2, 3), 5, False, {3}, 0, None),
+    "but not a spare": ((5,), (2, 3), 5, False, {3, 0}, 0, 0),
+    "a copy read from a spare, away from it": ((5, 6), (2, 3), 9, True, {9, 8}, 0, 8),
     "a retry record, away from its reader": ((5, 6, 7), (2, 3, 4), 2, True, {2, 4}, 0, 4),
 }
 
@@ -388,7 +392,7 @@ def test_a_copy_goes_to_a_live_reader_other_than_its_holder_whenever_there_is_on
 ) -> None:
     lane_is_retry = data.draw(st.booleans())
     read_from = data.draw(st.sampled_from(retry if lane_is_retry else queue))
-    live = data.draw(st.sets(st.sampled_from(retry)))
+    live = data.draw(st.sets(st.sampled_from(retry) | st.integers(0, 40)))
     spread = data.draw(st.integers(0, 2**44))
     held = holders_reads(queue, retry, read_from, lane_is_retry)
     chosen = toward_live_reader(queue, retry, read_from, lane_is_retry, live, spread)
@@ -396,6 +400,12 @@ def test_a_copy_goes_to_a_live_reader_other_than_its_holder_whenever_there_is_on
         assert chosen in live - held
     else:
         assert chosen is None
+
+
+def test_spare_candidates_are_the_retry_partitions_the_queue_does_not_read_otherwise() -> None:
+    assert spare_candidates(6, {1, 2}) == [0, 3, 4, 5]
+    assert spare_candidates(2, {0, 1}) == [], "a queue on every partition has no spares"
+    assert spare_candidates(3, {0, 1, 2, 7}) == []
 
 
 RETRY_READS = {

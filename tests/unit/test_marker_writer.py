@@ -4,6 +4,7 @@ under the size budget, Flush tickets, and what a failing send leaves behind."""
 from __future__ import annotations
 
 import threading
+import time
 import zlib
 from collections.abc import Iterator
 
@@ -157,6 +158,17 @@ def test_every_record_of_a_flush_carries_the_headers_asked_for_then(
     assert writer.sync(WAIT_S)
     reads = [("kmq.reads", b"orders 3")]
     assert producer.headers == [None, reads, reads], "none while there is nothing to say"
+
+
+def test_quiet_partitions_are_those_no_record_went_to_since(writers: list[MarkerWriter]) -> None:
+    writer = make(writers, StubProducer())
+    before = time.monotonic()
+    assert writer.quiet_partitions(before) == [0, 1, 2, 3], "nothing written yet"
+    writer.add_many([(entry(S, 1), 1), (entry(S, 2), 3)])
+    assert writer.quiet_partitions(before) == [0, 1, 2, 3], "queued is not sent"
+    assert writer.sync(WAIT_S)
+    assert writer.quiet_partitions(before) == [0, 2]
+    assert writer.quiet_partitions(time.monotonic() + 1) == [0, 1, 2, 3]
 
 
 def test_add_many_keeps_order_across_partitions(writers: list[MarkerWriter]) -> None:
