@@ -250,7 +250,7 @@ class Consumer:
                 LayoutAssignor(
                     declared,
                     lambda: made[0].assignment() if made else (),
-                    spares=lambda: (self._spare_candidates, self._spares_reading),
+                    spares=self._spare_state,
                     on_spares=self._on_spares,
                 )
             ]
@@ -716,6 +716,14 @@ class Consumer:
         self._set_paused(self._kc, want)
         if self._retry_reading:
             self._set_paused(self._rc, set(self._rc.assignment()) if room <= 0 else set())
+
+    def _spare_state(self) -> tuple[frozenset[int], frozenset[int]]:
+        """For the assignor, at each join: the queue's spare candidates, and the spares this
+        consumer reads or is about to (given at the last join, perhaps not yet assigned to
+        its retry-lane reader): the leader keeps those with it, never giving them to another
+        member meanwhile."""
+        candidates = self._spare_candidates
+        return candidates, self._spares_reading | (self._spares & candidates)
 
     def _on_spares(self, spares: frozenset[int]) -> None:
         """The spares its group's leader gives it (:func:`kmq.assignor.assign_spares`);

@@ -12,9 +12,10 @@ FRESH_S = 1.0
 """A partition counts as read while a consumer has said so within this long: one killed
 drops out this long after its last marker record, sooner than its holder's lease runs out
 (a third of a lease after its last keep-alive at best). A busy consumer writes records many
-times a second; one that says nothing for longer (idle, or holding messages under a long
-lease) is only passed over while someone else is heard from: with nobody heard from, copies
-go where they went before (:func:`kmq.layout.away_from_holder`)."""
+times a second, and one reading a spare (:func:`kmq.layout.spare_candidates`) says so every
+0.4 s even when it holds nothing; one that says nothing for longer (holding messages under
+a long lease) is only passed over while someone else is heard from: with nobody heard from,
+copies go where they went before (:func:`kmq.layout.away_from_holder`)."""
 _MAX_CACHED = 4096
 
 

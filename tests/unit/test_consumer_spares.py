@@ -1,0 +1,68 @@
+"""A consumer's spare retry partitions (kmq.layout.spare_candidates), against a stub reader."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kafka import TopicPartition
+
+from kmq.consumer import Consumer
+from kmq.reads import READS_HEADER, decode_reads
+
+
+class StubRetryReader:
+    def __init__(self) -> None:
+        self.assigned: list[TopicPartition] = []
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        self.assigned = partitions
+
+
+def idle_consumer() -> Any:
+    """Queue "jobs" on queue partition 0 and retry partition 0 of four; owns nothing."""
+    consumer: Any = Consumer.__new__(Consumer)
+    consumer.queue = "jobs"
+    consumer._retry_topic = "jobs.retry"
+    consumer._queue_window = (0,)
+    consumer._retry_window = (0,)
+    consumer._retry_read = frozenset({0})
+    consumer._spare_candidates = frozenset({1, 2, 3})
+    consumer._assigned = frozenset()
+    consumer._spares = frozenset()
+    consumer._spares_reading = frozenset()
+    consumer._retry_reading = frozenset()
+    consumer._rc = StubRetryReader()
+    return consumer
+
+
+def test_a_spare_given_at_a_join_is_read_and_named_in_the_reads_header() -> None:
+    consumer = idle_consumer()
+    consumer._on_spares(frozenset({2}))
+    # Given, not read yet: the next join's metadata already claims it, so the leader cannot
+    # give it to another member before this one starts reading it.
+    assert consumer._spare_state() == (frozenset({1, 2, 3}), frozenset({2}))
+    consumer._follow_queue_partitions()
+    assert consumer._rc.assigned == [TopicPartition("jobs.retry", 2)]
+    [(key, value)] = consumer._reads
+    assert (key, decode_reads(value)) == (READS_HEADER, ("jobs", frozenset({2})))
+    assert consumer._spare_state() == (frozenset({1, 2, 3}), frozenset({2}))
+
+
+def test_a_spare_that_joins_the_queues_own_partitions_is_no_longer_read_as_one() -> None:
+    consumer = idle_consumer()
+    consumer._on_spares(frozenset({2}))
+    consumer._follow_queue_partitions()
+    consumer._spare_candidates = frozenset({1, 3})  # the queue's spread grew over 2
+    consumer._retry_read = frozenset({0, 2})
+    consumer._follow_queue_partitions()
+    assert consumer._rc.assigned == [] and consumer._reads == []
+    assert consumer._spare_state() == (frozenset({1, 3}), frozenset())
+
+
+def test_a_leader_that_gives_no_spares_stops_the_reading() -> None:
+    consumer = idle_consumer()
+    consumer._on_spares(frozenset({3}))
+    consumer._follow_queue_partitions()
+    consumer._on_spares(frozenset())
+    consumer._follow_queue_partitions()
+    assert consumer._rc.assigned == [] and consumer._spare_state()[1] == frozenset()
