@@ -32,6 +32,12 @@ log = logging.getLogger("kmq.tracker")
 
 BUILD_RETRY_S = 1.0
 """After a failed producer build, how long claims that need a new producer wait."""
+CLAIM_GIVE_UP_S = 5.0
+"""A claim the broker has not answered in this long is given up: its producer is closed and
+the next claim builds a new one. In a full chaos run a tracker waited 150 s on one claim,
+sent just as a network fault reset its connection, and never answered; meanwhile the
+transaction it was meant to end stayed open, so the replica (reading committed records
+only) read nothing more of those markers partitions and redelivered nothing from them."""
 
 FENCED_ERRORS: tuple[type[BaseException], ...] = (ProducerFencedError, InvalidProducerEpochError)
 """What the broker answers a fenced producer."""
@@ -70,9 +76,10 @@ class PartitionWriters:
         self._group_id = group_id
         self._marker_topic = marker_topic
         self._producers: dict[int, Any] = {}
-        self._pending: dict[int, Any] = {}
-        """Claims the broker has not answered yet: the next claim() waits on for the same
-        request rather than blocking the caller until it is answered."""
+        self._pending: dict[int, tuple[Any, float]] = {}
+        """Claims the broker has not answered yet, with when they were sent: the next
+        claim() waits on for the same request rather than blocking the caller until it is
+        answered, up to ``CLAIM_GIVE_UP_S``."""
 
     def claim(self, partition: int) -> bool:
         """Take the partition's transactional id (fencing its previous owner). False, and
@@ -81,7 +88,15 @@ class PartitionWriters:
         if partition in self._producers:
             return True
         txn_id = transactional_id(self._group_id, self._marker_topic, partition)
-        producer = self._pending.pop(partition, None)
+        producer, sent_at = self._pending.pop(partition, (None, self._clock()))
+        if producer is not None and self._clock() - sent_at >= CLAIM_GIVE_UP_S:
+            log.warning(
+                "markers partition %d: claim of %s not answered in %.0f s: trying again "
+                "with a new producer", partition, txn_id, self._clock() - sent_at,
+            )  # fmt: skip
+            with contextlib.suppress(Exception):
+                producer.close(timeout=0)
+            producer, sent_at = None, self._clock()
         waited = producer is not None
         if producer is None and self._clock() < self._no_build_until:
             return False
@@ -94,7 +109,7 @@ class PartitionWriters:
                 "markers partition %d: claim of %s not answered yet (%r)", partition, txn_id, exc
             )
             if producer is not None:
-                self._pending[partition] = producer
+                self._pending[partition] = (producer, sent_at)
             return False
         except (KafkaError, BrokerError) as exc:  # BrokerError: the producer was not built
             log.warning("markers partition %d: cannot claim %s yet (%r)", partition, txn_id, exc)
@@ -114,8 +129,8 @@ class PartitionWriters:
         return set(self._producers)
 
     def release(self, partition: int, timeout_s: float = 5.0) -> None:
-        for producers in (self._producers, self._pending):
-            producer = producers.pop(partition, None)
+        pending = self._pending.pop(partition, None)
+        for producer in (self._producers.pop(partition, None), pending and pending[0]):
             if producer is not None:
                 with contextlib.suppress(Exception):
                     producer.close(timeout=timeout_s)

@@ -17,6 +17,7 @@ from kmq.errors import BrokerError
 from tests.unit.kafka_stubs import StubTxnProducer
 from tracker.fencing import (
     BUILD_RETRY_S,
+    CLAIM_GIVE_UP_S,
     FENCED_ERRORS,
     FenceWatch,
     PartitionWriters,
@@ -133,6 +134,24 @@ def test_an_unanswered_claim_goes_on_waiting_for_the_same_request() -> None:
     producer.fail = {}
     assert w.claim(4) is True and w.get(4) is producer
     assert producer.calls == ["init_transactions"] * 3
+
+
+def test_a_claim_unanswered_for_long_is_given_up_for_a_new_producer() -> None:
+    """A claim request lost with its connection is never answered: after CLAIM_GIVE_UP_S
+    its producer is closed and the next claim builds another, whose claim succeeds."""
+    factory = Factory()
+    factory.init_fails["grp.markers.4"] = [KafkaTimeoutError()]
+    now = [100.0]
+    w = PartitionWriters(factory, "grp", "markers", clock=lambda: now[0])
+    assert w.claim(4) is False
+    [first] = factory.made
+    now[0] += CLAIM_GIVE_UP_S - 0.1
+    assert w.claim(4) is False and factory.made == [first], "still waited on"
+    now[0] += 0.1
+    assert w.claim(4) is True
+    [_, second] = factory.made
+    assert w.get(4) is second and first.closed_with == [0]
+    assert first.calls == ["init_transactions", "init_transactions", "close"]
 
 
 def test_release_closes_an_unanswered_claim() -> None:
