@@ -156,6 +156,11 @@ class RunningTracker:
 
 @pytest.fixture
 def tracker_config(broker: Broker, topics: Topics) -> TrackerConfig:
+    return tracker_config_for(broker, topics)
+
+
+def tracker_config_for(broker: Broker, topics: Topics) -> TrackerConfig:
+    """The tests' tracker settings for ``topics``: a 1 s default lease, quick commits."""
     return TrackerConfig(
         bootstrap_servers=broker.bootstrap_servers,
         queue_topic=topics.queue,

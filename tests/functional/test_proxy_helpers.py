@@ -15,10 +15,15 @@ import httpx
 
 import kmq
 from kmq.topics import ensure_topics
-from tests.functional.conftest import REDELIVERY_TIMEOUT_S, Broker, RunningTracker, Topics
+from tests.functional.conftest import (
+    REDELIVERY_TIMEOUT_S,
+    Broker,
+    RunningTracker,
+    Topics,
+    tracker_config_for,
+)
 from tests.functional.helpers import Child, Children
 from tests.functional.tls import make_ca, make_server_cert
-from tracker.config import TrackerConfig
 
 SECRET = "proxy-test-secret-0123456789"
 TOKEN = "test-token-all-queues-0123"
@@ -60,18 +65,7 @@ def service(broker: Broker, topics: Topics) -> kmq.Service:
 
 
 def running_tracker(broker: Broker, topics: Topics) -> Iterator[RunningTracker]:
-    running = RunningTracker(
-        TrackerConfig(
-            bootstrap_servers=broker.bootstrap_servers,
-            queue_topic=topics.queue,
-            marker_topic=topics.markers,
-            control_topic=topics.control,
-            group_id=f"tracker-{topics.markers}",
-            default_redelivery_timeout_s=REDELIVERY_TIMEOUT_S,
-            session_timeout_ms=broker.session_timeout_ms,
-            commit_interval_s=0.2,
-        )
-    )
+    running = RunningTracker(tracker_config_for(broker, topics))
     try:
         assert running.tracker.wait_caught_up(30), "tracker never caught up"
         yield running

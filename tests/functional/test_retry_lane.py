@@ -21,10 +21,10 @@ from tests.functional.conftest import (
     Broker,
     RunningTracker,
     Topics,
+    tracker_config_for,
     worker_argv,
 )
 from tests.functional.helpers import Child, Children, wait_until
-from tracker.config import TrackerConfig
 from tracker.daemon import Tracker
 
 BACKLOG = 10_000
@@ -172,17 +172,7 @@ def test_an_idle_members_spare_takes_the_copies_when_every_owner_is_killed(
     ensure_topics(
         kmq.ServiceConfig(**names, queue_partitions=4, queue_spread=1, marker_partitions=2)
     )
-    config = TrackerConfig(
-        bootstrap_servers=broker.bootstrap_servers,
-        queue_topic=topics.queue,
-        marker_topic=topics.markers,
-        control_topic=topics.control,
-        group_id=f"tracker-{topics.markers}",
-        default_redelivery_timeout_s=REDELIVERY_TIMEOUT_S,
-        session_timeout_ms=broker.session_timeout_ms,
-        commit_interval_s=0.2,
-    )
-    running = RunningTracker(config)
+    running = RunningTracker(tracker_config_for(broker, topics))
     service = kmq.Service(
         **names, redelivery_timeout_s=REDELIVERY_TIMEOUT_S, session_timeout_ms=session_ms
     )
