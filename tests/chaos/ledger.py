@@ -95,8 +95,9 @@ SLOW_S = 10.0
 the time went (``Report.slow_kinds``)."""
 READER_WINDOW_S = 5.0
 """A worker that took a record of a queue within this long before a copy's REDELIVERED
-marker, and is still alive then, counts as reading that queue (an idle group member, which
-owns none of the queue's partitions, takes nothing)."""
+marker, and is still alive then, counts as reading that queue; so does one whose last
+``reads`` line by then names a retry-lane partition of it (an idle member's spare: it takes
+nothing while nothing comes)."""
 
 Delivery = tuple[int, int, int]
 """(lane, partition, offset): lane 0 is the queue topic, 1 the retry topic."""
@@ -159,6 +160,16 @@ class QueueRecord:
     attempt: int
 
 
+@dataclass(frozen=True)
+class Reads:
+    """What one worker's consumer of ``queue`` read from time ``t`` (a ``reads`` line)."""
+
+    worker: str
+    t: float
+    queue: str
+    retry: tuple[int, ...]
+
+
 @dataclass
 class Ledgers:
     sent: dict[str, float] = field(default_factory=dict)
@@ -166,6 +177,7 @@ class Ledgers:
     send_failures: int = 0
     gave_up: int = 0
     events: list[WorkerEvent] = field(default_factory=list)
+    reads: list[Reads] = field(default_factory=list)
 
 
 def read_ledgers(directory: Path, incarnations: Iterable[Incarnation]) -> Ledgers:
@@ -186,6 +198,10 @@ def read_ledgers(directory: Path, incarnations: Iterable[Incarnation]) -> Ledger
                     ledgers.send_failures += 1
                 elif kind == "gave_up":
                     ledgers.gave_up += 1
+                elif kind == "reads":
+                    ledgers.reads.append(
+                        Reads(inc.name, event["t"], event["q"], tuple(event["retry"]))
+                    )
                 else:
                     ledgers.events.append(
                         WorkerEvent(
@@ -356,7 +372,7 @@ class Report:
     """Delays over ``SLOW_S`` by where the time went: ``tracker_killed`` / ``tracker_slow``
     (mostly before the REDELIVERED marker, with / without a tracker kill since the holder's),
     ``no_reader`` / ``reader_slow`` (mostly after it, with no worker left reading the queue
-    when it was written / with one)."""
+    when it was written / with one: see ``READER_WINDOW_S``)."""
     worker_kills: int = 0
     tracker_kills: int = 0
     resets: int = 0
@@ -625,7 +641,8 @@ def _check_redeliveries(
                         at,
                         min(after),
                         tracker_kills,
-                        _readers(takes_of_queue[queue_of[record.message_id]], workers, at),
+                        _readers(takes_of_queue[queue_of[record.message_id]], workers, at)
+                        | _retry_readers(ledgers.reads, queue_of[record.message_id], workers, at),
                         killed_at,
                     )
                     report.slow_kinds[kind] += 1
@@ -666,6 +683,22 @@ def _readers(
         name
         for t, name in takes
         if at - READER_WINDOW_S <= t <= at and name in workers and workers[name].end > at
+    }
+
+
+def _retry_readers(
+    reads: list[Reads], queue: str, workers: dict[str, Incarnation], at: float
+) -> set[str]:
+    """The workers alive at ``at`` whose consumer of ``queue`` last said, by then, that it
+    read some retry-lane partition (an idle member's spare, say)."""
+    last: dict[str, Reads] = {}
+    for r in reads:
+        if r.queue == queue and r.t <= at and (r.worker not in last or r.t >= last[r.worker].t):
+            last[r.worker] = r
+    return {
+        name
+        for name, r in last.items()
+        if r.retry and name in workers and workers[name].end > at
     }
 
 

@@ -155,8 +155,17 @@ def run_worker(args: argparse.Namespace) -> None:
     for thread in threads:
         thread.start()
     print(f"chaos-worker {args.name} ready", flush=True)
-    for thread in threads:
-        thread.join()  # consume() never returns; the suite SIGKILLs this process
+    # consume() never returns; the suite SIGKILLs this process. Meanwhile: what each
+    # consumer reads, whenever it changes (the ledger tells a live reader of a queue's retry
+    # lane, an idle member's spare included, from none).
+    reading: dict[str, tuple[list[int], list[int]]] = {}
+    while True:
+        for consumer in consumers:
+            now = (sorted(consumer.assignment()), sorted(consumer.retry_assignment()))
+            if reading.get(consumer.queue) != now:
+                reading[consumer.queue] = now
+                ledger.write("reads", q=consumer.queue, queue=now[0], retry=now[1])
+        time.sleep(0.2)
 
 
 def run_producer(args: argparse.Namespace) -> None:

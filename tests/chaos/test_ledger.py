@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from kmq.markers import Marker, MarkerType
@@ -12,10 +15,12 @@ from tests.chaos.ledger import (
     MarkerRecord,
     QueueLog,
     QueueRecord,
+    Reads,
     Report,
     RunLog,
     WorkerEvent,
     check,
+    read_ledgers,
 )
 from tests.chaos.proxy import Fault
 from tests.chaos.roles import NACK_REASON
@@ -59,6 +64,7 @@ def run_check(
     markers: list[MarkerRecord],
     faults: tuple[Fault, ...] = (),
     run_s: float = 60.0,
+    reads: tuple[Reads, ...] = (),
 ) -> Report:
     run = RunLog(
         seed=1,
@@ -74,7 +80,7 @@ def run_check(
         log.records.append(record)
         if record.marker.type is MarkerType.END:
             log.settled.add(MID)
-    return check(run, Ledgers(sent={MID: T0}, events=events), log, QueueLog())
+    return check(run, Ledgers(sent={MID: T0}, events=events, reads=list(reads)), log, QueueLog())
 
 
 def test_acked_message_is_settled() -> None:
@@ -380,9 +386,14 @@ def test_a_copy_nobody_took_copied_again_is_explained_by_a_kill_or_fault(
 
 
 def slow_redelivery(
-    redelivered: float, taken: float, others: list[WorkerEvent], trackers: list[Incarnation]
+    redelivered: float,
+    taken: float,
+    others: list[WorkerEvent],
+    trackers: list[Incarnation],
+    reads: tuple[Reads, ...] = (),
 ) -> Report:
-    """The holder w0.1 killed at T0 + 2 (its lease ends at T0 + 4); w1.1 takes the copy."""
+    """The holder w0.1 killed at T0 + 2 (its lease ends at T0 + 4); w1.1 takes the copy;
+    w2.1 lives on."""
     return run_check(
         [worker("w0.1", 0.0, killed=T0 + 2), worker("w1.1", 0.0), worker("w2.1", 0.0), *trackers],
         [event("took", "w0.1", T0 + 1), event("took", "w1.1", taken, attempt=2), *others],
@@ -390,6 +401,7 @@ def slow_redelivery(
             marker(MarkerType.START, T0 + 1),
             marker(MarkerType.REDELIVERED, redelivered, attempt=2, reason="lease expired"),
         ],
+        reads=reads,
     )
 
 
@@ -424,3 +436,27 @@ def test_delays_within_the_bound_are_not_counted_slow() -> None:
     assert report.delays_beyond_lease_s == [pytest.approx(13 - 2 - LEASE_S)]
     assert report.slow_kinds == {}
     assert "over_10s=0 ()" in report.summary("")
+
+
+def test_a_worker_that_said_it_reads_the_queues_retry_lane_counts_as_a_reader() -> None:
+    # An idle member's spare: it took nothing of the queue, but its last reads line names one.
+    spare = Reads("w2.1", T0 + 1, "q0", (3,))
+    assert slow_redelivery(T0 + 4.5, T0 + 20, [], [], (spare,)).slow_kinds == {"reader_slow": 1}
+    for reads in (
+        (spare, Reads("w2.1", T0 + 3, "q0", ())),  # then it stopped reading
+        (Reads("w2.1", T0 + 1, "q1", (3,)),),  # another queue's
+        (Reads("w2.1", T0 + 6, "q0", (3,)),),  # only after the copy was written
+        (Reads("w0.1", T0 + 1, "q0", (3,)),),  # the killed holder
+    ):
+        assert slow_redelivery(T0 + 4.5, T0 + 20, [], [], reads).slow_kinds == {"no_reader": 1}
+
+
+def test_read_ledgers_keeps_reads_lines_apart(tmp_path: Path) -> None:
+    lines = [
+        {"e": "reads", "t": T0 + 1, "q": "q0", "queue": [], "retry": [3]},
+        {"e": "took", "t": T0 + 2, "id": MID, "q": "q0", "a": 1, "l": 0, "p": 1, "o": 7},
+    ]
+    (tmp_path / "w0.1.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    ledgers = read_ledgers(tmp_path, [worker("w0.1", 0.0)])
+    assert ledgers.reads == [Reads("w0.1", T0 + 1, "q0", (3,))]
+    assert [(e.kind, e.worker, e.delivery) for e in ledgers.events] == [("took", "w0.1", RECORD)]
