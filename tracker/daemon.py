@@ -668,15 +668,15 @@ class Tracker:
         live = self._readers.live(queue, now)
         if not live:
             return live
-        count = self._retry_partitions()
+        count = self._partition_count(self.config.retry_topic)
         return frozenset(p for p in live if p < count)
 
-    def _retry_partitions(self) -> int:
-        return len(self._reader.partitions_for_topic(self.config.retry_topic) or ())
+    def _partition_count(self, topic: str) -> int:
+        return len(self._reader.partitions_for_topic(topic) or ())
 
     def _partitions_of(self, topic: str, queue: str) -> tuple[int, ...]:
         """Where ``queue``'s records go on ``topic``: its layout there."""
-        actual = len(self._reader.partitions_for_topic(topic) or ())
+        actual = self._partition_count(topic)
         if not actual:
             raise KafkaError(f"topic {topic} has no partitions")
         return write_partitions(self._pauses.table.layout(topic), queue, actual)

@@ -88,17 +88,18 @@ class PartitionWriters:
         if partition in self._producers:
             return True
         txn_id = transactional_id(self._group_id, self._marker_topic, partition)
-        producer, sent_at = self._pending.pop(partition, (None, self._clock()))
-        if producer is not None and self._clock() - sent_at >= CLAIM_GIVE_UP_S:
+        now = self._clock()
+        producer, sent_at = self._pending.pop(partition, (None, now))
+        if producer is not None and now - sent_at >= CLAIM_GIVE_UP_S:
             log.warning(
                 "markers partition %d: claim of %s not answered in %.0f s: trying again "
-                "with a new producer", partition, txn_id, self._clock() - sent_at,
+                "with a new producer", partition, txn_id, now - sent_at,
             )  # fmt: skip
             with contextlib.suppress(Exception):
                 producer.close(timeout=0)
-            producer, sent_at = None, self._clock()
+            producer, sent_at = None, now
         waited = producer is not None
-        if producer is None and self._clock() < self._no_build_until:
+        if producer is None and now < self._no_build_until:
             return False
         try:
             if producer is None:

@@ -190,7 +190,7 @@ class Harness:
         raw._pauses = StubPauses()
         raw._records = self.records
         raw._partitions_of = lambda topic, queue: (0, 1)  # every queue's window
-        raw._retry_partitions = lambda: 4
+        raw._partition_count = lambda topic: 4
         self.tracker = t
         self.states = dict(t._states)
 
