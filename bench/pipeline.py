@@ -65,6 +65,9 @@ class Run:
     """kmq: the application's work per message (a consumer slower than the producer)."""
     measure_bytes: bool = False
     """Read every topic back afterwards and size what was written (bench/bytes.py)."""
+    placed: bool = True
+    """kmq: declare the queues when creating the topic, so their windows do not overlap;
+    False places them by their ids' hash (several groups then share partitions)."""
 
     @property
     def label(self) -> str:
@@ -148,6 +151,7 @@ def run_pipeline(ctx: Context, run: Run) -> JSON:
     tag = new_tag()
     topics: JSON = {}
     names: list[str]
+    queues = [f"q{i}" for i in range(run.queues)]
     if run.side == "raw":
         names = [f"bench.{tag}.raw{i}" for i in range(run.queues)]
         create_topics(ctx.bootstrap_servers, dict.fromkeys(names, PARTITIONS))
@@ -170,9 +174,10 @@ def run_pipeline(ctx: Context, run: Run) -> JSON:
                 queue_partitions=PARTITIONS * run.queues,
                 queue_spread=PARTITIONS,
                 marker_partitions=PARTITIONS,
+                # Declared, as raw's topics are: each queue on partitions of its own.
+                queues=tuple(queues) if run.placed else (),
             )
         )
-    queues = [f"q{i}" for i in range(run.queues)]
     count = run.count - run.count % run.queues
     timeout_s = _timeout_s(run)
     common: JSON = {

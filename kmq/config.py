@@ -87,6 +87,13 @@ class ServiceConfig:
     """Partitions each queue's records go to (and its group reads; at most
     ``queue_partitions``), when kmq creates the queue topic. Stored in the topic's layout,
     so every process agrees. Grow a hot queue's with ``Queue.set_spread()``."""
+    queues: tuple[str, ...] = ()
+    """Queues to place when kmq creates the queue topic: each gets ``queue_spread``
+    partitions of its own (packed from partition 0, shared only once the partitions run
+    out), where their ids' hashes would often put two on one partition, and each group would
+    fetch and skip the other's records. Other queues, and every queue of a topic that exists
+    already, are placed by hash. Clients of releases before placement cannot read such a
+    layout (see the README's *Where queues live*)."""
     marker_partitions: int = 4
     replication_factor: int = 1
     create_topics: bool = True
@@ -129,6 +136,7 @@ class ServiceConfig:
         check_positive_int(self.queue_spread, "queue_spread")
         if self.queue_spread > 1024:
             raise ConfigError(f"queue_spread must be <= 1024, got {self.queue_spread}")
+        object.__setattr__(self, "queues", _check_queues(self.queues))
         check_positive_int(self.marker_partitions, "marker_partitions")
         check_positive_int(self.replication_factor, "replication_factor")
         check_positive_int(self.max_message_bytes, "max_message_bytes", minimum=1024)
@@ -198,3 +206,18 @@ class ConsumerConfig:
             raise ConfigError(f"keepalive_fraction must be within [0.05, 0.5], got {f!r}")
         if self.group_id is not None and (not isinstance(self.group_id, str) or not self.group_id):
             raise ConfigError("group_id must be a non-empty string or None")
+
+
+def _check_queues(queues: object) -> tuple[str, ...]:
+    from kmq.validation import check_queue_id
+
+    if isinstance(queues, (str, bytes)) or not isinstance(queues, (tuple, list)):
+        raise ConfigError(f"queues must be a list of queue ids, got {type(queues).__name__}")
+    for queue in queues:
+        try:
+            check_queue_id(queue)
+        except ValueError as exc:
+            raise ConfigError(f"queues: {exc}") from exc
+    if len(set(queues)) < len(queues):
+        raise ConfigError("queues names a queue twice")
+    return tuple(queues)

@@ -1,9 +1,12 @@
 """Where each logical queue's records live on a shared topic. Pure: no I/O.
 
 A queue's records go to ``spread`` consecutive partitions (modulo the topic's partition
-count) starting at ``crc32(queue id) mod partitions``, and its consumer group reads only
+count) starting at ``crc32(queue id) mod partitions``, or, for a queue declared when the
+topic was created, at the partition the layout places it at; its consumer group reads only
 those, so a consumer no longer fetches and skips every other queue's records. Queues whose
-windows overlap share a partition and still skip each other's records there.
+windows overlap share a partition and still skip each other's records there: hashed windows
+often do (16 queues of 4 partitions hashed over 64 leave each record read by two groups on
+average), placed ones do not while the partitions suffice.
 
 The layout of a topic is a record on the control topic (:class:`TopicLayout`), so every
 producer, consumer and tracker agrees on it. A topic without one (created by kmq 0.1, or by
@@ -21,6 +24,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 LAYOUT_VERSION = 2
+PLACED_VERSION = 3
+"""A layout with placed queues (:attr:`TopicLayout.placed`)."""
 MAX_SPREAD = 1024
 
 
@@ -38,6 +43,11 @@ class TopicLayout:
     legacy_end: Mapping[int, int] | None = None
     """``None``: records of the old everywhere-layout may still appear on any partition.
     Else: they end before these offsets (a partition not listed holds none)."""
+    placed: Mapping[str, int] = field(default_factory=dict)
+    """Queues whose window starts at a partition given here rather than at their id's hash
+    (declared when the topic was created, so that their windows overlap as little as the
+    partitions allow: see :func:`place`). Fixed for the topic's life: moving a window
+    would strand the records in the old one."""
 
     def __post_init__(self) -> None:
         if self.partitions < 1:
@@ -45,13 +55,43 @@ class TopicLayout:
         for name, spread in (("*", self.spread), *self.queues.items()):
             if not 1 <= spread <= MAX_SPREAD:
                 raise ValueError(f"spread of {name} must be within [1, {MAX_SPREAD}]")
+        for name, base in self.placed.items():
+            if not 0 <= base < self.partitions:
+                raise ValueError(
+                    f"queue {name!r} is placed at partition {base}, outside [0, {self.partitions})"
+                )
 
     def spread_of(self, queue: str) -> int:
         return min(self.queues.get(queue, self.spread), self.partitions)
 
 
 def base_partition(queue: str, partitions: int) -> int:
+    """Where the window of a queue that was not placed starts."""
     return zlib.crc32(queue.encode()) % partitions
+
+
+def place(partitions: int, spread: int, queues: Sequence[str]) -> dict[str, int]:
+    """Window starts for ``queues`` (in this order), each of ``spread`` partitions out of
+    ``partitions``, packed from partition 0 so that no two overlap while there is room;
+    beyond that each goes where it shares the fewest partitions. Deterministic."""
+    width = min(spread, partitions)
+    load = [0] * partitions
+    placed: dict[str, int] = {}
+    for queue in queues:
+        if queue in placed:
+            continue
+        best = min(
+            range(partitions),
+            key=lambda base: (
+                max(load[(base + i) % partitions] for i in range(width)),
+                sum(load[(base + i) % partitions] for i in range(width)),
+                base,
+            ),
+        )
+        for i in range(width):
+            load[(best + i) % partitions] += 1
+        placed[queue] = best
+    return placed
 
 
 def write_partitions(layout: TopicLayout | None, queue: str, actual: int) -> tuple[int, ...]:
@@ -60,7 +100,8 @@ def write_partitions(layout: TopicLayout | None, queue: str, actual: int) -> tup
     if layout is None:
         return tuple(range(actual))
     modulus = min(layout.partitions, actual)
-    base = base_partition(queue, modulus)
+    placed = layout.placed.get(queue)
+    base = base_partition(queue, modulus) if placed is None else placed % modulus
     return tuple((base + i) % modulus for i in range(min(layout.spread_of(queue), modulus)))
 
 
@@ -207,23 +248,30 @@ def grown(layout: TopicLayout, queue: str, spread: int) -> TopicLayout:
             f"queue {queue!r} is spread over {current} partitions; a spread can only grow"
         )
     return TopicLayout(
-        layout.partitions, layout.spread, {**layout.queues, queue: spread}, layout.legacy_end
+        layout.partitions,
+        layout.spread,
+        {**layout.queues, queue: spread},
+        layout.legacy_end,
+        layout.placed,
     )
 
 
 def encode_layout(layout: TopicLayout) -> bytes:
-    return json.dumps(
-        {
-            "version": LAYOUT_VERSION,
-            "partitions": layout.partitions,
-            "spread": layout.spread,
-            "queues": dict(layout.queues),
-            "legacy_end": None
-            if layout.legacy_end is None
-            else {str(p): o for p, o in layout.legacy_end.items()},
-        },
-        sort_keys=True,
-    ).encode()
+    """A layout without placed queues keeps version 2, which kmq releases before placement
+    read too; one with them is version 3, which those releases do not read."""
+    doc: dict[str, object] = {
+        "version": LAYOUT_VERSION,
+        "partitions": layout.partitions,
+        "spread": layout.spread,
+        "queues": dict(layout.queues),
+        "legacy_end": None
+        if layout.legacy_end is None
+        else {str(p): o for p, o in layout.legacy_end.items()},
+    }
+    if layout.placed:
+        doc["version"] = PLACED_VERSION
+        doc["placed"] = dict(layout.placed)
+    return json.dumps(doc, sort_keys=True).encode()
 
 
 def decode_layout(value: bytes | None) -> TopicLayout | None:
@@ -233,9 +281,11 @@ def decode_layout(value: bytes | None) -> TopicLayout | None:
         return None
     try:
         doc = json.loads(value)
-        if doc.get("version") != LAYOUT_VERSION:
+        version = doc.get("version")
+        if version not in (LAYOUT_VERSION, PLACED_VERSION):
             return None
         legacy = doc.get("legacy_end")
+        placed = doc["placed"] if version == PLACED_VERSION else {}
         return TopicLayout(
             partitions=_int(doc["partitions"]),
             spread=_int(doc.get("spread", 1)),
@@ -243,6 +293,7 @@ def decode_layout(value: bytes | None) -> TopicLayout | None:
             legacy_end=None
             if legacy is None
             else {_int(int(p)): _int(o) for p, o in legacy.items()},
+            placed={str(q): _int(b) for q, b in placed.items()},
         )
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None

@@ -15,7 +15,7 @@ from kmq.config import ServiceConfig
 from kmq.control import set_layout
 from kmq.errors import BrokerError
 from kmq.kafka_clients import KafkaConnection
-from kmq.layout import TopicLayout
+from kmq.layout import TopicLayout, place
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +26,8 @@ def ensure_topics(config: ServiceConfig, *, timeout_s: float = 30.0) -> list[str
 
     Existing topics are left as they are, whatever their partition count. A queue or retry
     topic kmq creates gets its layout record (one window of ``queue_spread`` partitions per
-    queue) written *before* the topic exists, so no process can see the topic without its
-    layout.
+    queue, those of ``config.queues`` placed apart) written *before* the topic exists, so no
+    process can see the topic without its layout.
     """
     conn = config.connection
     admin = kafka_clients.admin(conn)
@@ -47,7 +47,12 @@ def ensure_topics(config: ServiceConfig, *, timeout_s: float = 30.0) -> list[str
                     conn,
                     config.control_topic,
                     name,
-                    TopicLayout(config.queue_partitions, config.queue_spread, legacy_end={}),
+                    TopicLayout(
+                        config.queue_partitions,
+                        config.queue_spread,
+                        legacy_end={},
+                        placed=place(config.queue_partitions, config.queue_spread, config.queues),
+                    ),
                 )
         for name, partitions in (
             (config.queue_topic, config.queue_partitions),

@@ -34,6 +34,13 @@ def _config(**settings: Any) -> ServiceConfig:
 @click.option("--queue-spread", type=int, default=2, help="Partitions per queue.")
 @click.option("--marker-partitions", type=int, default=4)
 @click.option("--replication-factor", type=int, default=1)
+@click.option(
+    "--queue",
+    "queues",
+    multiple=True,
+    metavar="QUEUE",
+    help="A queue to give partitions of its own in a queue topic created now (repeatable).",
+)
 def create(
     bootstrap_servers: str,
     queue_topic: str,
@@ -44,6 +51,7 @@ def create(
     queue_spread: int,
     marker_partitions: int,
     replication_factor: int,
+    queues: tuple[str, ...],
 ) -> None:
     """Create the queue, markers and control topics if they are missing."""
     config = _config(
@@ -56,6 +64,7 @@ def create(
         marker_partitions=marker_partitions,
         replication_factor=replication_factor,
         security=security,
+        queues=queues,
     )
     try:
         created = ensure_topics(config)
@@ -78,9 +87,10 @@ def _describe(topic: str, layout: TopicLayout | None) -> str:
         else "old-layout records end at "
         + (", ".join(f"{p}:{o}" for p, o in sorted(layout.legacy_end.items())) or "nothing")
     )
+    placed = ", ".join(f"{q}@{b}" for q, b in sorted(layout.placed.items())) or "none"
     return (
         f"{topic}: {layout.spread} partition(s) per queue over {layout.partitions}; "
-        f"wider queues: {hot}; {legacy}"
+        f"wider queues: {hot}; placed queues: {placed}; {legacy}"
     )
 
 

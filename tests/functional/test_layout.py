@@ -7,6 +7,7 @@ import itertools
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -120,6 +121,56 @@ def test_a_hot_queue_grows_its_spread_while_consumed(spread_one: kmq.Service) ->
         if r.value.startswith(b"after-")
     }
     assert partitions == set(spread_one.write_partitions("hot")) and len(partitions) == 3
+
+
+def colliding(count: int, partitions: int = PARTITIONS) -> list[str]:
+    """Queue ids whose hashes all pick the same partition."""
+    names = (f"q{i}" for i in itertools.count())
+    first = next(names)
+    return [first, *itertools.islice(
+        (n for n in names if base_partition(n, partitions) == base_partition(first, partitions)),
+        count - 1,
+    )]  # fmt: skip
+
+
+def test_declared_queues_get_partitions_of_their_own(broker: Broker) -> None:
+    a, b = colliding(2)
+    tag = uuid.uuid4().hex[:10]
+    settings: dict[str, Any] = {
+        "bootstrap_servers": broker.bootstrap_servers,
+        "queue_topic": f"p{tag}.queue",
+        "marker_topic": f"p{tag}.markers",
+        "control_topic": f"p{tag}.control",
+        "queue_partitions": PARTITIONS,
+        "queue_spread": 2,
+        "marker_partitions": 2,
+        "session_timeout_ms": broker.session_timeout_ms,
+    }
+    with kmq.Service(**settings, queues=(a, b)) as declaring, kmq.Service(**settings) as other:
+        sent_a = [declaring.queue(a).producer().send(b"a%d" % i) for i in range(20)]
+        # A process that declares nothing reads the placement from the control topic.
+        sent_b = [other.queue(b).producer().send(b"b%d" % i) for i in range(20)]
+        assert declaring.write_partitions(a) == other.write_partitions(a) == (0, 1)
+        assert declaring.write_partitions(b) == other.write_partitions(b) == (2, 3)
+        retry = declaring.config.retry_topic
+        assert other.write_partitions(b, retry) == (2, 3), "the retry topic is placed alike"
+        records = read_records(broker.bootstrap_servers, declaring.config.queue_topic)
+        assert {(r.key, r.partition) for r in records} == {
+            (a.encode(), 0), (a.encode(), 1), (b.encode(), 2), (b.encode(), 3),
+        }  # fmt: skip
+        with other.queue(b).consumer() as consumer:
+            assert sorted(receive_ids(consumer, 20)) == sorted(sent_b)
+            assert consumer.assignment() == frozenset({2, 3})  # a's records are never fetched
+        with declaring.queue(a).consumer() as consumer:
+            assert sorted(receive_ids(consumer, 20)) == sorted(sent_a)
+    shown = CliRunner().invoke(
+        cli,
+        ["topics", "layout", "--bootstrap-servers", broker.bootstrap_servers,
+         "--queue-topic", settings["queue_topic"], "--marker-topic", settings["marker_topic"],
+         "--control-topic", settings["control_topic"]],
+    )  # fmt: skip
+    assert shown.exit_code == 0, shown.output
+    assert f"placed queues: {a}@0, {b}@2" in shown.output
 
 
 def test_records_of_the_old_layout_are_delivered_after_an_upgrade(broker: Broker) -> None:

@@ -63,6 +63,8 @@ def test_bootstrap_forms_accepted(servers: Any, expected: str) -> None:
         ("max_message_bytes", 1024),
         ("session_timeout_ms", 1000),
         ("create_topics", False),
+        ("queues", ("orders", "invoices")),
+        ("queues", ()),
     ],
 )
 def test_service_config_boundary_values_accepted(field: str, value: Any) -> None:
@@ -82,6 +84,12 @@ def test_a_queue_topic_too_long_for_a_default_retry_topic_says_so(cls: type) -> 
         cls(bootstrap_servers=BOOTSTRAP, queue_topic="a" * 249)
     long = cls(bootstrap_servers=BOOTSTRAP, queue_topic="a" * 249, retry_topic="short")
     assert long.retry_topic == "short"
+
+
+def test_queues_are_kept_as_a_tuple() -> None:
+    settings: dict[str, Any] = {"queues": ["b", "a"]}  # a list, as from a config file
+    cfg = kmq.ServiceConfig(bootstrap_servers=BOOTSTRAP, **settings)
+    assert cfg.queues == ("b", "a"), "in the order given: placement follows it"
 
 
 def test_redelivery_timeout_is_normalised_to_float() -> None:
@@ -130,6 +138,14 @@ BAD_SERVICE = [
     ("create_topics", "yes"),
     ("client_id", ""),
     ("client_id", 5),
+    ("queues", "orders"),  # a string is not a list of queues
+    ("queues", b"orders"),
+    ("queues", None),
+    ("queues", {"orders"}),  # no order: placement would not be repeatable
+    ("queues", ["orders", ""]),
+    ("queues", ["has space"]),
+    ("queues", [7]),
+    ("queues", ["orders", "orders"]),
 ]
 
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from kmq.layout import (
     LAYOUT_VERSION,
     MAX_SPREAD,
+    PLACED_VERSION,
     TopicLayout,
     away_from_holder,
     base_partition,
@@ -23,6 +24,7 @@ from kmq.layout import (
     grown,
     holders_reads,
     mirrored,
+    place,
     read_partitions,
     retry_reads,
     spare_candidates,
@@ -45,6 +47,8 @@ SETTINGS = settings(max_examples=200, deadline=None)
         {"partitions": 4, "spread": MAX_SPREAD + 1},
         {"partitions": 4, "queues": {"hot": 0}},
         {"partitions": 4, "queues": {"hot": MAX_SPREAD + 1}},
+        {"partitions": 4, "placed": {"q": 4}},
+        {"partitions": 4, "placed": {"q": -1}},
     ],
 )
 def test_invalid_layouts_are_refused(kwargs: dict[str, Any]) -> None:
@@ -93,20 +97,94 @@ def test_write_partitions(
     assert write_partitions(layout, "orders", actual) == expected
 
 
+PLACED = TopicLayout(8, 2, {"hot": 3}, legacy_end={}, placed={"orders": 3, "hot": 7})
+
+
+@pytest.mark.parametrize(
+    ("queue", "actual", "expected"),
+    [
+        ("orders", 8, (3, 4)),  # not at its hash's partition 6
+        ("hot", 8, (7, 0, 1)),  # a placed window grows and wraps like any other
+        ("cold", 8, (base_partition("cold", 8), (base_partition("cold", 8) + 1) % 8)),
+        ("orders", 32, (3, 4)),  # partitions added later move nothing
+        ("hot", 4, (3, 0, 1)),  # fewer partitions than the layout says
+    ],
+)
+def test_a_placed_queue_starts_where_the_layout_says(
+    queue: str, actual: int, expected: tuple[int, ...]
+) -> None:
+    assert write_partitions(PLACED, queue, actual) == expected
+    assert read_partitions(PLACED, queue, actual) == dict.fromkeys(expected)
+
+
+@pytest.mark.parametrize(
+    ("partitions", "spread", "queues", "expected"),
+    [
+        (64, 4, [f"q{i}" for i in range(16)], {f"q{i}": 4 * i for i in range(16)}),
+        (8, 2, ["b", "a", "c"], {"b": 0, "a": 2, "c": 4}),  # in the order given
+        (8, 2, ["a", "a"], {"a": 0}),
+        (4, 2, ["a", "b", "c", "d"], {"a": 0, "b": 2, "c": 0, "d": 2}),  # shared evenly
+        (3, 2, ["a", "b"], {"a": 0, "b": 1}),  # three partitions for two: one shared
+        (4, 9, ["a", "b"], {"a": 0, "b": 0}),  # a window as wide as the topic
+        (8, 2, [], {}),
+    ],
+)
+def test_place(partitions: int, spread: int, queues: list[str], expected: dict[str, int]) -> None:
+    assert place(partitions, spread, queues) == expected
+
+
+@SETTINGS
+@given(
+    st.integers(1, 64),
+    st.integers(1, 16),
+    st.lists(st.text("abcdefgh", min_size=1, max_size=3), max_size=20, unique=True),
+)
+def test_placed_windows_are_disjoint_while_the_partitions_suffice(
+    partitions: int, spread: int, queues: list[str]
+) -> None:
+    placed = place(partitions, spread, queues)
+    assert list(placed) == queues
+    layout = TopicLayout(partitions, spread, placed=placed)
+    loads = [0] * partitions
+    for queue in queues:
+        for partition in write_partitions(layout, queue, partitions):
+            loads[partition] += 1
+    width = min(spread, partitions)
+    if len(queues) * width <= partitions:
+        assert max(loads, default=0) <= 1, loads
+    # Never two queues more on one partition than on another, as hashing often does.
+    assert max(loads, default=0) - min(loads, default=0) <= 2 or not queues
+    assert place(partitions, spread, queues) == placed, "deterministic"
+
+
 def test_a_window_wraps_around() -> None:
     queue = next(q for q in (f"q{i}" for i in range(1000)) if base_partition(q, 8) == 7)
     assert write_partitions(TopicLayout(8, 3), queue, 8) == (7, 0, 1)
 
 
-layouts = st.builds(
-    TopicLayout,
-    partitions=st.integers(1, 64),
-    spread=st.integers(1, 70),
-    queues=st.dictionaries(st.sampled_from(["a", "b", "hot"]), st.integers(1, 70), max_size=3),
-    legacy_end=st.one_of(
-        st.none(), st.dictionaries(st.integers(0, 80), st.integers(0, 10**12), max_size=5)
-    ),
-)
+@st.composite
+def _layouts(draw: st.DrawFn) -> TopicLayout:
+    partitions = draw(st.integers(1, 64))
+    return TopicLayout(
+        partitions,
+        draw(st.integers(1, 70)),
+        draw(st.dictionaries(st.sampled_from(["a", "b", "hot"]), st.integers(1, 70), max_size=3)),
+        draw(
+            st.one_of(
+                st.none(), st.dictionaries(st.integers(0, 80), st.integers(0, 10**12), max_size=5)
+            )
+        ),
+        draw(
+            st.dictionaries(
+                st.sampled_from(["a", "cold", "orders.dlq"]),
+                st.integers(0, partitions - 1),
+                max_size=2,
+            )
+        ),
+    )
+
+
+layouts = _layouts()
 queues = st.sampled_from(["a", "b", "hot", "cold", "orders.dlq"])
 
 
@@ -116,7 +194,8 @@ def test_write_partitions_is_one_window(layout: TopicLayout, queue: str, actual:
     out = write_partitions(layout, queue, actual)
     modulus = min(layout.partitions, actual)
     assert len(out) == len(set(out)) == min(layout.spread_of(queue), modulus)
-    assert out[0] == base_partition(queue, modulus)
+    placed = layout.placed.get(queue)
+    assert out[0] == (base_partition(queue, modulus) if placed is None else placed % modulus)
     assert all(b == (a + 1) % modulus for a, b in itertools.pairwise(out))
     assert all(0 <= p < actual for p in out)
     if actual >= layout.partitions:
@@ -173,6 +252,8 @@ def test_grown_widens_one_queue_and_keeps_the_rest() -> None:
     assert layout.queues == {"a": 3}, "the original is left alone"
     assert write_partitions(wider, "hot", 8)[:2] == write_partitions(layout, "hot", 8)
     assert grown(wider, "hot", 5) == wider, "the same spread again is fine"
+    placed = TopicLayout(8, 2, placed={"hot": 6})
+    assert grown(placed, "hot", 3).placed == {"hot": 6}
 
 
 @pytest.mark.parametrize(("queue", "spread"), [("a", 2), ("cold", 1)])
@@ -220,6 +301,21 @@ def test_layout_wire_format_is_pinned() -> None:
     assert LAYOUT_VERSION == 2
 
 
+def test_a_placed_layout_is_version_3() -> None:
+    layout = TopicLayout(16, 2, placed={"orders": 4})
+    assert json.loads(encode_layout(layout)) == {
+        "version": PLACED_VERSION,
+        "partitions": 16,
+        "spread": 2,
+        "queues": {},
+        "legacy_end": None,
+        "placed": {"orders": 4},
+    }
+    assert PLACED_VERSION == 3
+    # A version 2 record names no placements, whatever else it holds.
+    assert decode_layout(doc(placed={"q": 1})) == TopicLayout(4, 1)
+
+
 def doc(**changes: Any) -> bytes:
     base: dict[str, Any] = {"version": LAYOUT_VERSION, "partitions": 4, "spread": 1}
     return json.dumps({**base, **changes}).encode()
@@ -257,6 +353,12 @@ def test_doc_helper_builds_a_valid_layout() -> None:
         doc(legacy_end={"-1": 1}),
         doc(legacy_end={"1": -1}),
         b'{"version": 2, "spread": 1}',
+        doc(version=PLACED_VERSION),  # no placements
+        doc(version=PLACED_VERSION, placed=[1]),
+        doc(version=PLACED_VERSION, placed={"q": 4}),  # beyond the 4 partitions
+        doc(version=PLACED_VERSION, placed={"q": -1}),
+        doc(version=PLACED_VERSION, placed={"q": "1"}),
+        doc(version=4, placed={}),
         b"[" * 100_000,  # nested past the recursion limit
     ],
 )
