@@ -100,13 +100,14 @@ def run(ctx: Context) -> JSON:
             "payload_bytes": 100,
             "ack": "msg.ack(wait=False); ENDs flushed before the clock stops",
             "partitions": 4,
-            "kmq_layout": "queue topic of 4 partitions per queue, each queue spread over 4",
+            "kmq_layout": "queue topic of 4 partitions per queue, each queue spread over 4, "
+            "the queues declared at creation (placed apart)",
             "max_in_flight": 500,
             "repeats": repeats,
             "raw_topology": "one topic and one consumer group per logical queue",
             "kmq_topology": "one queue topic, 4 partitions per logical queue (each queue's "
-            "records on 4 of them, chosen from its id); one consumer group per logical queue "
-            "reading only its queue's partitions; one tracker process",
+            "records on 4 of its own, placed when the topic is created); one consumer group "
+            "per logical queue reading only its queue's partitions; one tracker process",
         },
         "rows": rows,
         "ack_wait": extra,
