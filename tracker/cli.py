@@ -114,10 +114,10 @@ from tracker.config import TrackerConfig
     envvar="KMQ_TICK_INTERVAL_S",
     show_envvar=True,
     type=float,
-    default=1.0,
+    default=0.25,
     help="How often an owner marks its markers partitions, so that after a fail-over its "
     "successor runs the leases it replays from when their markers were written (to within "
-    "this) rather than afresh; 0: never.",
+    "about three of these) rather than afresh; 0: never.",
 )
 @click.option(
     "--log-level",

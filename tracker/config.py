@@ -59,11 +59,11 @@ class TrackerConfig:
     copied again to one a live consumer reads. The first copy is delivered too once its
     partition has a reader again: a duplicate, traded for not waiting out the group's
     session timeout. 0: copies are never copied again."""
-    tick_interval_s: float = 1.0
+    tick_interval_s: float = 0.25
     """How often the owner of a markers partition with messages in flight writes a tick
     there: a successor (after a fail-over) then runs each lease it replays from, at most
-    this much after, when its marker was on the broker, instead of starting it afresh. 0:
-    no ticks (a successor's leases start when it reads their markers)."""
+    about three of these after, when its marker was on the broker, instead of starting it
+    afresh. 0: no ticks (a successor's leases start when it reads their markers)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bootstrap_servers", normalize_bootstrap(self.bootstrap_servers))
