@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections import deque
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -80,18 +81,38 @@ def place(partitions: int, spread: int, queues: Sequence[str]) -> dict[str, int]
     for queue in queues:
         if queue in placed:
             continue
-        best = min(
-            range(partitions),
-            key=lambda base: (
-                max(load[(base + i) % partitions] for i in range(width)),
-                sum(load[(base + i) % partitions] for i in range(width)),
-                base,
-            ),
-        )
+        windows = _windows(load, width)
+        best = min(range(partitions), key=lambda base: (*windows[base], base))
         for i in range(width):
             load[(best + i) % partitions] += 1
         placed[queue] = best
     return placed
+
+
+def _windows(load: list[int], width: int) -> list[tuple[int, int]]:
+    """(max, sum) of ``load`` over each window of ``width`` consecutive partitions
+    (wrapping), by its first partition: O(partitions), so that placing many queues on many
+    partitions stays quick."""
+    n = len(load)
+    ring = load + load[: width - 1]
+    out: list[tuple[int, int]] = []
+    total = sum(ring[:width])
+    maxima: deque[int] = deque()  # indexes into ring, their loads decreasing
+    for i, value in enumerate(ring):
+        while maxima and ring[maxima[-1]] <= value:
+            maxima.pop()
+        maxima.append(i)
+        start = i - width + 1
+        if start < 0:
+            continue
+        if maxima[0] < start:
+            maxima.popleft()
+        if start > 0:
+            total += value - ring[start - 1]
+        out.append((ring[maxima[0]], total))
+        if len(out) == n:
+            break
+    return out
 
 
 def write_partitions(layout: TopicLayout | None, queue: str, actual: int) -> tuple[int, ...]:

@@ -157,6 +157,29 @@ def test_placed_windows_are_disjoint_while_the_partitions_suffice(
     assert place(partitions, spread, queues) == placed, "deterministic"
 
 
+def naive_place(partitions: int, spread: int, queues: list[str]) -> dict[str, int]:
+    """:func:`place` as its docstring says it, window by window."""
+    width, load, placed = min(spread, partitions), [0] * partitions, {}
+    for queue in dict.fromkeys(queues):
+        windows = [[load[(b + i) % partitions] for i in range(width)] for b in range(partitions)]
+        best = min(range(partitions), key=lambda b: (max(windows[b]), sum(windows[b]), b))
+        for i in range(width):
+            load[(best + i) % partitions] += 1
+        placed[queue] = best
+    return placed
+
+
+@SETTINGS
+@given(st.integers(1, 40), st.integers(1, 50), st.lists(st.sampled_from("abcdefghijklmnop")))
+def test_place_scores_every_window(partitions: int, spread: int, queues: list[str]) -> None:
+    assert place(partitions, spread, queues) == naive_place(partitions, spread, queues)
+
+
+def test_placing_many_queues_is_quick() -> None:
+    placed = place(1024, 16, [f"q{i}" for i in range(2000)])  # about a second, not hours
+    assert len(placed) == 2000 and len(set(list(placed.values())[:64])) == 64
+
+
 def test_a_window_wraps_around() -> None:
     queue = next(q for q in (f"q{i}" for i in range(1000)) if base_partition(q, 8) == 7)
     assert write_partitions(TopicLayout(8, 3), queue, 8) == (7, 0, 1)
