@@ -75,6 +75,8 @@ def place(partitions: int, spread: int, queues: Sequence[str]) -> dict[str, int]
     """Window starts for ``queues`` (in this order), each of ``spread`` partitions out of
     ``partitions``, packed from partition 0 so that no two overlap while there is room;
     beyond that each goes where it shares the fewest partitions. Deterministic."""
+    if partitions < 1 or spread < 1:
+        raise ValueError(f"partitions and spread must be >= 1, got {partitions} and {spread}")
     width = min(spread, partitions)
     load = [0] * partitions
     placed: dict[str, int] = {}

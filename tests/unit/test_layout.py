@@ -175,6 +175,12 @@ def test_place_scores_every_window(partitions: int, spread: int, queues: list[st
     assert place(partitions, spread, queues) == naive_place(partitions, spread, queues)
 
 
+@pytest.mark.parametrize(("partitions", "spread"), [(0, 1), (4, 0), (-1, 2)])
+def test_place_refuses_an_empty_window(partitions: int, spread: int) -> None:
+    with pytest.raises(ValueError, match=">= 1"):
+        place(partitions, spread, ["a"])
+
+
 def test_placing_many_queues_is_quick() -> None:
     placed = place(1024, 16, [f"q{i}" for i in range(2000)])  # about a second, not hours
     assert len(placed) == 2000 and len(set(list(placed.values())[:64])) == 64
