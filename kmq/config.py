@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from kmq.errors import ConfigError
 from kmq.kafka_clients import PLAINTEXT, KafkaConnection, KafkaSecurity
+from kmq.validation import check_queue_id
 
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
@@ -209,8 +210,6 @@ class ConsumerConfig:
 
 
 def _check_queues(queues: object) -> tuple[str, ...]:
-    from kmq.validation import check_queue_id
-
     if isinstance(queues, (str, bytes)) or not isinstance(queues, (tuple, list)):
         raise ConfigError(f"queues must be a list of queue ids, got {type(queues).__name__}")
     for queue in queues:
