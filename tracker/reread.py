@@ -3,13 +3,14 @@
 The tracker keeps no payloads: a START names its record by lane (queue or retry topic),
 partition and offset, and a redelivery reads that record again. Deliveries due in one round
 usually lie close together, so each partition is read forward once per cluster of nearby
-offsets. A scan has a time budget: what it found by then is redelivered, what it did not
-reach waits a round. A record is gone when the reader's position moves past it (read past,
-skipped as an aborted transaction's record, or a reset past the log start after retention),
-or when two scans in a row, each with a partition state of its own, found the partition
-ending before it (a START naming a record that never existed). A high watermark the reader
-learnt before its seek proves nothing: it may be older than the record, and every record a
-real START names existed when the START was written.
+offsets, parsing only the records wanted (:mod:`tracker.sparse_fetch`). A scan has a time
+budget: what it found by then is redelivered, what it did not reach waits a round. A record
+is gone when the reader's position moves past it (read past, skipped as an aborted
+transaction's record, or a reset past the log start after retention), or when two scans in a
+row, each with a partition state of its own, found the partition ending before it (a START
+naming a record that never existed). A high watermark the reader learnt before its seek
+proves nothing: it may be older than the record, and every record a real START names existed
+when the START was written.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any, Protocol
 from kafka import TopicPartition
 
 from kmq.records import split_key
+from tracker import sparse_fetch
 from tracker.state import Due
 
 log = logging.getLogger("kmq.tracker")
@@ -88,6 +90,9 @@ class RecordReader:
         self._scan_timeout_s = scan_timeout_s
         self._past_end: set[int] = set()
         """Delivery keys a scan found beyond the partition's end once."""
+        self._wanted: dict[TopicPartition, frozenset[int]] = {}
+        # The reader then parses only these offsets of the records it fetches.
+        sparse_fetch.install(reader, self._wanted)
 
     def read(self, wanted: list[Due]) -> ReadResult:
         result = ReadResult()
@@ -128,9 +133,11 @@ class RecordReader:
     ) -> tuple[dict[int, Record], int, int | None]:
         """Records at ``offsets`` (sorted) found by reading forward from the first; the
         offset the reader's position reached; the partition's end, if the scan got there."""
-        wanted = set(offsets)
+        wanted = frozenset(offsets)
         first, last = offsets[0], offsets[-1]
         reader = self._reader
+        self._wanted.clear()
+        self._wanted[tp] = wanted
         # A partition state of this scan's own: the high watermark it learns is then from a
         # fetch after this seek, not one from an earlier scan.
         reader.assign([])

@@ -1,0 +1,185 @@
+"""The re-read consumer's sparse record parsing (tracker.sparse_fetch), held to kafka-python's
+own: real record batches, unpacked by kafka-python's fetcher class with and without it."""
+
+from __future__ import annotations
+
+import struct
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kafka import TopicPartition
+from kafka.consumer.fetcher import Fetcher
+from kafka.errors import CorruptRecordError
+from kafka.protocol.consumer import IsolationLevel
+from kafka.record import MemoryRecords
+from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from kafka.record.util import calc_crc32c
+
+from tracker import sparse_fetch
+
+TP = TopicPartition("q", 3)
+Rec = tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]
+"""key, value, headers"""
+
+
+def batch(
+    base_offset: int,
+    records: list[Rec],
+    *,
+    gzip: bool = False,
+    producer_id: int = -1,
+    control: int | None = None,
+    ts_step_ms: int = 1,
+) -> bytes:
+    """A record batch as a broker returns it (base offset set); ``control``: a control
+    batch whose one record is an abort (0) or commit (1) marker."""
+    txn = producer_id != -1
+    builder = DefaultRecordBatchBuilder(
+        2, DefaultRecordBatch.CODEC_GZIP if gzip else 0, txn, producer_id, 0 if txn else -1,
+        0 if txn else -1, 1 << 20,
+    )  # fmt: skip
+    if control is not None:
+        records = [(struct.pack(">hh", 0, control), b"", [])]
+    for i, (key, value, headers) in enumerate(records):
+        builder.append(
+            i, timestamp=1_700_000_000_000 + i * ts_step_ms, key=key, value=value, headers=headers
+        )
+    buf = builder.build()
+    struct.pack_into(">q", buf, 0, base_offset)
+    if control is not None:
+        at = DefaultRecordBatch.ATTRIBUTES_OFFSET
+        (attrs,) = struct.unpack_from(">h", buf, at)
+        struct.pack_into(">h", buf, at, attrs | DefaultRecordBatch.CONTROL_MASK)
+        crc = calc_crc32c(memoryview(buf)[at:])
+        struct.pack_into(">I", buf, DefaultRecordBatch.CRC_OFFSET, crc)
+    return bytes(buf)
+
+
+def sparse_class(wanted: dict[Any, frozenset[int]]) -> Any:
+    consumer = SimpleNamespace(_fetcher=SimpleNamespace(PartitionRecords=Fetcher.PartitionRecords))
+    assert sparse_fetch.install(consumer, wanted)
+    return consumer._fetcher.PartitionRecords
+
+
+def unpack(cls: Any, data: bytes, fetch_offset: int = 0, **kw: Any) -> tuple[list[Any], int]:
+    """What a poll returns of ``data``, and the next fetch offset once it is all read."""
+    part = cls(fetch_offset, TP, MemoryRecords(data), **kw)
+    out = []
+    while part:  # drained: read to the end
+        out.extend(part.take(7))  # as poll's max_records would take them
+    return [
+        (r.topic, r.partition, r.offset, r.timestamp, r.timestamp_type, r.key, r.value, r.headers)
+        for r in out
+    ], part.next_fetch_offset
+
+
+def records(n: int) -> list[Rec]:
+    return [(b"orders", b"x" * (i % 5), [("kmq.id", f"m-{i}".encode())]) for i in range(n)]
+
+
+def test_only_the_wanted_records_are_returned_exactly_as_kafka_python_reads_them() -> None:
+    data = batch(100, records(10)) + batch(110, records(10), gzip=True) + batch(120, records(5))
+    wanted = frozenset({101, 109, 112, 124, 500})
+    full, full_next = unpack(Fetcher.PartitionRecords, data)
+    sparse, sparse_next = unpack(sparse_class({TP: wanted}), data)
+    assert sparse == [r for r in full if r[2] in wanted]
+    assert [r[2] for r in sparse] == [101, 109, 112, 124]
+    assert sparse_next == full_next == 125, "the position moves past what was skipped"
+
+
+def test_offset_and_time_deltas_of_several_bytes() -> None:
+    data = batch(1000, records(200), ts_step_ms=100_000)  # deltas from 64 on: 2+ bytes
+    wanted = frozenset({1000, 1063, 1064, 1150, 1199})
+    full, _ = unpack(Fetcher.PartitionRecords, data)
+    sparse, _ = unpack(sparse_class({TP: wanted}), data)
+    assert sparse == [r for r in full if r[2] in wanted] and len(sparse) == 5
+
+
+def test_a_partition_not_named_gets_every_record() -> None:
+    data = batch(0, records(4))
+    other = TopicPartition("q", 9)
+    assert unpack(sparse_class({other: frozenset({1})}), data) == unpack(
+        Fetcher.PartitionRecords, data
+    )
+
+
+def test_nothing_wanted_in_a_fetch_still_moves_the_position() -> None:
+    data = batch(0, records(4)) + batch(4, records(4))
+    assert unpack(sparse_class({TP: frozenset({50})}), data) == ([], 8)
+
+
+def test_aborted_transactions_and_control_batches_are_kafka_pythons() -> None:
+    # Offsets 0-4 an aborted transaction of producer 7, 5 its abort marker, 6-9 committed
+    # records of producer 8, 10 their commit marker, 11-12 plain records.
+    data = (
+        batch(0, records(5), producer_id=7)
+        + batch(5, [], producer_id=7, control=0)
+        + batch(6, records(4), producer_id=8)
+        + batch(10, [], producer_id=8, control=1)
+        + batch(11, records(2))
+    )
+    kw = {
+        "isolation_level": IsolationLevel.READ_COMMITTED,
+        "aborted_transactions": [SimpleNamespace(producer_id=7, first_offset=0)],
+    }
+    wanted = frozenset({2, 5, 7, 10, 12})
+    full, full_next = unpack(Fetcher.PartitionRecords, data, **kw)
+    sparse, sparse_next = unpack(sparse_class({TP: wanted}), data, **kw)
+    assert [r[2] for r in full] == [6, 7, 8, 9, 11, 12]
+    assert sparse == [r for r in full if r[2] in wanted] and [r[2] for r in sparse] == [7, 12]
+    assert sparse_next == full_next == 13
+
+
+def test_a_fetch_from_the_middle_of_a_batch_starts_at_its_offset() -> None:
+    data = batch(0, records(10))
+    wanted = frozenset({2, 6})
+    assert unpack(sparse_class({TP: wanted}), data, fetch_offset=4)[0] == [
+        r for r in unpack(Fetcher.PartitionRecords, data, fetch_offset=4)[0] if r[2] == 6
+    ]
+
+
+def test_a_record_whose_length_runs_past_its_batch_is_corrupt() -> None:
+    data = bytearray(batch(0, records(1)))  # a record of about 25 bytes
+    data[DefaultRecordBatch.HEADER_STRUCT.size] = 0x7E  # its length: 63
+    with pytest.raises(CorruptRecordError, match="Invalid record size 63"):
+        unpack(sparse_class({TP: frozenset({0})}), bytes(data), check_crcs=False)
+
+
+def test_a_consumer_without_the_hook_is_left_alone() -> None:
+    assert not sparse_fetch.install(SimpleNamespace(), {})
+    assert not sparse_fetch.install(SimpleNamespace(_fetcher=None), {})
+
+
+_bytes = st.one_of(st.none(), st.binary(max_size=40))
+_record = st.tuples(
+    _bytes,
+    _bytes,
+    st.lists(st.tuples(st.text(max_size=8), _bytes), max_size=3),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    batches=st.lists(
+        st.tuples(st.lists(_record, min_size=1, max_size=12), st.booleans()),
+        min_size=1,
+        max_size=5,
+    ),
+    picks=st.sets(st.integers(min_value=0, max_value=70), max_size=20),
+    fetch_offset=st.integers(min_value=0, max_value=10),
+)
+def test_sparse_is_kafka_python_filtered(
+    batches: list[tuple[list[Rec], bool]], picks: set[int], fetch_offset: int
+) -> None:
+    data, base = b"", 0
+    for recs, gzip in batches:
+        data += batch(base, recs, gzip=gzip)
+        base += len(recs)
+    wanted = frozenset(picks)
+    full, full_next = unpack(Fetcher.PartitionRecords, data, fetch_offset)
+    sparse, sparse_next = unpack(sparse_class({TP: wanted}), data, fetch_offset)
+    assert sparse == [r for r in full if r[2] in wanted]
+    assert sparse_next == full_next == base
