@@ -43,7 +43,7 @@ from tracker.config import TrackerConfig
 from tracker.fencing import FenceWatch, PartitionWriters
 from tracker.health import BrokerLink, ProbeServer
 from tracker.readers import LiveReaders
-from tracker.redeliver import TXN_TIMEOUT_S, Copy, Redeliverer, Round, RoundOutcome, copy_of
+from tracker.redeliver import TXN_TIMEOUT_S, Copy, Redeliverer, RoundOutcome, copy_of
 from tracker.reread import RecordReader
 from tracker.state import Due, PartitionState
 from tracker.view import TrackerView, partition_view
@@ -533,7 +533,8 @@ class Tracker:
                 copy = copy_of(d, record)
                 if not self._held_by_pause(copy, now):
                     by_partition.setdefault(d.marker_partition, []).append(copy)
-        self._redeliver_partitions(by_partition)
+        for partition, copies in by_partition.items():
+            self._redeliver_partition(partition, copies)
 
     def _copy_unread_again(self, due: list[Due], now: float) -> list[Due]:
         """``due`` without the copies nobody took that need no second copy yet: those
@@ -585,38 +586,22 @@ class Tracker:
             return False
         return TopicPartition(self.config.marker_topic, partition) in self._kc.assignment()
 
-    def _redeliver_partitions(self, by_partition: dict[int, list[Copy]]) -> None:
-        """One transaction per markers partition (the copies, their markers, and the commit
-        that skips them), run side by side."""
-        started: list[tuple[int, list[Copy], int | None]] = []
-        rounds: list[Round] = []
-        for partition, copies in by_partition.items():
-            state = self._states.get(partition)
-            txn = self._writers.get(partition)
-            if state is None or txn is None:
-                continue
-            offset = state.commit_offset(c.due.start_offset for c in copies)
-            if not self._owned_now(partition):
-                offset = None  # committed later, once the group has settled
-            tp = TopicPartition(self.config.marker_topic, partition)
-            offsets = {tp: OffsetAndMetadata(offset, "", -1)} if offset is not None else {}
-            started.append((partition, copies, offset))
-            rounds.append(Round(txn, copies, offsets, self._kc.group_metadata()))
-        if not rounds:
+    def _redeliver_partition(self, partition: int, copies: list[Copy]) -> None:
+        """One transaction: the copies, their markers, and the commit that skips them."""
+        state = self._states.get(partition)
+        txn = self._writers.get(partition)
+        if state is None or txn is None:
             return
+        offset = state.commit_offset(c.due.start_offset for c in copies)
+        if not self._owned_now(partition):
+            offset = None  # committed later, once the group has settled
+        tp = TopicPartition(self.config.marker_topic, partition)
+        offsets = {tp: OffsetAndMetadata(offset, "", -1)} if offset is not None else {}
         try:
-            outcomes = self._redeliverer.rounds(rounds)
-        except KafkaError as exc:
-            self._trouble(exc, "markers partitions %s: redelivery not started",
-                          [p for p, _, _ in started])  # fmt: skip
-            outcomes = [RoundOutcome(False)] * len(rounds)
-        for (partition, copies, offset), outcome in zip(started, outcomes, strict=True):
-            self._settle(partition, copies, offset, outcome)
-
-    def _settle(
-        self, partition: int, copies: list[Copy], offset: int | None, outcome: RoundOutcome
-    ) -> None:
-        """What a markers partition's redelivery transaction ended as, taken into its state."""
+            outcome = self._redeliverer.round(txn, copies, offsets, self._kc.group_metadata())
+        except KafkaError as exc:  # the layout could not be read, say
+            self._trouble(exc, "markers partition %d: redelivery not started", partition)
+            outcome = RoundOutcome(False)
         if outcome.fenced:
             self._fenced(partition)
             return

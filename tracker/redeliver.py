@@ -4,8 +4,7 @@ copies and their markers in one fenced transaction, reporting how it ended."""
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -196,93 +195,36 @@ class Redeliverer:
         group_metadata: Any,
     ) -> RoundOutcome:
         """Copies, their markers and the markers-offset commit that skips them: all or none."""
-        return self.rounds([Round(txn, copies, offsets, group_metadata)])[0]
-
-    def rounds(self, rounds: Sequence[Round]) -> list[RoundOutcome]:
-        """Each round's transaction (each on its own markers partition's producer), side by
-        side: all written and their offset commits begun, then each committed once its
-        offsets are in, then each commit awaited. A successor's partitions are thus
-        redelivered in about one transaction's round trips, not one after the other. The
-        outcomes are in the order of ``rounds``; one round's failure leaves the others be."""
-        txns = [_Txn(r) for r in rounds]
-        for t in txns:
-            self._step(t, self._write)
-        deadline = time.monotonic() + self._txn_timeout_s
-        for t in txns:
-            self._step(t, lambda t: self._commit(t, deadline))
-        deadline = time.monotonic() + self._txn_timeout_s
-        for t in txns:
-            self._step(t, lambda t: self._committed(t, deadline))
-        return [t.outcome or RoundOutcome(False) for t in txns]
-
-    def _write(self, t: _Txn) -> None:
-        r = t.round
-        r.txn.begin_transaction()
-        for copy in r.copies:
-            t.futures.append(self.send_copy(r.txn, copy))
-            self.send_marker(r.txn, copy)
-        if r.offsets:
-            t.step = txn_wait.begin_send_offsets(r.txn, r.offsets, r.group_metadata)
-
-    def _commit(self, t: _Txn, deadline: float) -> None:
-        if t.step is not None:
-            t.step.wait(deadline - time.monotonic())
-        t.step = txn_wait.begin_commit(t.round.txn)
-
-    def _committed(self, t: _Txn, deadline: float) -> None:
-        assert t.step is not None
-        t.step.wait(deadline - time.monotonic())
-        t.outcome = RoundOutcome(
+        futures: list[Any] = []
+        try:
+            txn.begin_transaction()
+            for copy in copies:
+                futures.append(self.send_copy(txn, copy))
+                self.send_marker(txn, copy)
+            if offsets:
+                txn_wait.send_offsets(txn, offsets, group_metadata, self._txn_timeout_s)
+            txn_wait.commit(txn, self._txn_timeout_s)
+        except TransactionStuck as exc:
+            log.warning("redelivery transaction stuck (%s); claiming the partition again", exc)
+            return RoundOutcome(False, stuck=True)
+        except KafkaError as exc:
+            if is_fenced(exc):
+                return RoundOutcome(False, fenced=True)
+            log.warning("redelivery transaction failed (%r); retrying", exc)
+            try:
+                txn_wait.abort(txn, self._txn_timeout_s)
+            except TransactionStuck:
+                return RoundOutcome(False, stuck=True)
+            except KafkaError:
+                pass
+            return RoundOutcome(False)
+        return RoundOutcome(
             True,
             placed=tuple(
                 _placed(future) if copy.dead_letter_queue is None else None
-                for copy, future in zip(t.round.copies, t.futures, strict=True)
+                for copy, future in zip(copies, futures, strict=True)
             ),
         )
-
-    def _step(self, t: _Txn, step: Callable[[_Txn], None]) -> None:
-        """``step(t)``, unless ``t`` has ended; a failure ends it (aborted unless fenced or
-        stuck)."""
-        if t.outcome is not None:
-            return
-        try:
-            step(t)
-        except TransactionStuck as exc:
-            log.warning("redelivery transaction stuck (%s); claiming the partition again", exc)
-            t.outcome = RoundOutcome(False, stuck=True)
-        except KafkaError as exc:
-            if is_fenced(exc):
-                t.outcome = RoundOutcome(False, fenced=True)
-                return
-            log.warning("redelivery transaction failed (%r); retrying", exc)
-            t.outcome = RoundOutcome(False)
-            try:
-                txn_wait.abort(t.round.txn, self._txn_timeout_s)
-            except TransactionStuck:
-                t.outcome = RoundOutcome(False, stuck=True)
-            except KafkaError:
-                pass
-
-
-@dataclass(frozen=True, slots=True)
-class Round:
-    """One markers partition's redelivery transaction: its producer, its copies, and the
-    markers-offset commit that skips them (empty: none)."""
-
-    txn: Any
-    copies: list[Copy]
-    offsets: Mapping[TopicPartition, OffsetAndMetadata]
-    group_metadata: Any
-
-
-@dataclass(slots=True)
-class _Txn:
-    """A round under way in :meth:`Redeliverer.rounds`."""
-
-    round: Round
-    futures: list[Any] = field(default_factory=list)
-    step: txn_wait.Step | None = None
-    outcome: RoundOutcome | None = None
 
 
 def _placed(future: Any) -> tuple[int, int] | None:

@@ -7,13 +7,10 @@ waited 3.5 minutes in one commit: no redeliveries from any of its partitions, an
 stuck in a rebalance it could not join. These run the same steps and wait at most
 ``timeout_s``; :class:`TransactionStuck` then tells the caller to drop the producer and claim
 the partition again (which fences the stuck one and ends its transaction at the broker).
-The ``begin_*`` calls start a step without waiting, so that several producers' transactions
-run side by side.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -43,70 +40,52 @@ def init(producer: Any, timeout_s: float) -> None:
         config["max_block_ms"] = saved
 
 
-class Step:
-    """A transactional call under way: :meth:`wait` for its answer. Started on several
-    producers before any is waited for, their round trips overlap."""
-
-    __slots__ = ("_began", "_result", "_what")
-
-    def __init__(self, result: Any | None, what: str) -> None:
-        self._result = result  # None: answered already (a test stub's own call)
-        self._what = what
-        self._began = time.monotonic()
-
-    def wait(self, timeout_s: float) -> None:
-        """Return once answered, raise the broker's error, or :class:`TransactionStuck`
-        after ``timeout_s`` (0 or less: only if it is not answered yet)."""
-        if self._result is None:
-            return
-        if not self._result.wait(timeout_ms=max(0.0, timeout_s) * 1000):
-            waited_s = time.monotonic() - self._began
-            raise TransactionStuck(
-                f"the transaction's {self._what} was not answered in {waited_s:.2f} s"
-            )
-
-
-def begin_send_offsets(producer: Any, offsets: Mapping[Any, Any], group_metadata: Any) -> Step:
-    return _start(
+def send_offsets(
+    producer: Any, offsets: Mapping[Any, Any], group_metadata: Any, timeout_s: float
+) -> None:
+    _wait(
         producer,
         lambda m: m.send_offsets_to_transaction(dict(offsets), group_metadata),
         lambda: producer.send_offsets_to_transaction(dict(offsets), group_metadata),
+        timeout_s,
         "offset commit",
     )
 
 
-def begin_commit(producer: Any) -> Step:
-    return _start(
-        producer, lambda m: m.begin_commit(), lambda: producer.commit_transaction(), "commit"
-    )
-
-
-def send_offsets(
-    producer: Any, offsets: Mapping[Any, Any], group_metadata: Any, timeout_s: float
-) -> None:
-    begin_send_offsets(producer, offsets, group_metadata).wait(timeout_s)
-
-
 def commit(producer: Any, timeout_s: float) -> None:
-    begin_commit(producer).wait(timeout_s)
+    _wait(
+        producer,
+        lambda m: m.begin_commit(),
+        lambda: producer.commit_transaction(),
+        timeout_s,
+        "commit",
+    )
 
 
 def abort(producer: Any, timeout_s: float) -> None:
-    step = _start(
-        producer, lambda m: m.begin_abort(), lambda: producer.abort_transaction(), "abort"
+    _wait(
+        producer,
+        lambda m: m.begin_abort(),
+        lambda: producer.abort_transaction(),
+        timeout_s,
+        "abort",
     )
-    step.wait(timeout_s)
 
 
-def _start(
-    producer: Any, start: Callable[[Any], Any], unbounded: Callable[[], None], what: str
-) -> Step:
+def _wait(
+    producer: Any,
+    start: Callable[[Any], Any],
+    unbounded: Callable[[], None],
+    timeout_s: float,
+    what: str,
+) -> None:
     manager = getattr(producer, "_transaction_manager", None)
     sender = getattr(producer, "_sender", None)
     if manager is None or sender is None:
         unbounded()  # not kafka-python 3.0's KafkaProducer (a test stub): its own call
-        return Step(None, what)
-    # What the KafkaProducer method does, without its unbounded wait.
+        return
+    # What the KafkaProducer method does, with a timeout on the wait.
     result = start(manager)
     sender.wakeup()
-    return Step(result, what)
+    if not result.wait(timeout_ms=timeout_s * 1000):
+        raise TransactionStuck(f"the transaction's {what} was not answered in {timeout_s:g} s")

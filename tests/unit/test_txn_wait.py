@@ -10,7 +10,7 @@ from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError
 from kafka.producer.transaction_manager import TransactionalRequestResult
 
 from tracker import txn_wait
-from tracker.redeliver import Redeliverer, Round, RoundOutcome
+from tracker.redeliver import Redeliverer, RoundOutcome
 from tracker.txn_wait import TransactionStuck
 
 
@@ -73,7 +73,7 @@ class _Producer:
 def test_an_unanswered_call_gives_up_at_its_deadline(call: Any) -> None:
     producer = _Producer(None)
     started = time.monotonic()
-    wording = r"the transaction.s (commit|abort|offset commit) was not answered in 0\.\d\d s$"
+    wording = r"the transaction's (commit|abort|offset commit) was not answered in 0\.05 s$"
     with pytest.raises(TransactionStuck, match=wording):
         call(producer)
     assert time.monotonic() - started < 2.0
@@ -145,56 +145,3 @@ def test_init_waits_its_own_bound_then_restores_max_block_ms(fail: BaseException
             txn_wait.init(producer, 0.5)
     assert producer.waited_ms == [500]
     assert producer.config["max_block_ms"] == 10_000, "sends still get the producer's own"
-
-
-class _LinkedManager(_Manager):
-    """Offsets answered at once; commits answered only once every producer of the link
-    has begun its commit: waiting for one before beginning the next would never end."""
-
-    def __init__(self, link: list[TransactionalRequestResult], producers: int) -> None:
-        super().__init__("ok")
-        self.link = link
-        self.producers = producers
-
-    def begin_commit(self) -> TransactionalRequestResult:
-        self.calls.append("commit")
-        result = TransactionalRequestResult()
-        self.link.append(result)
-        if len(self.link) == self.producers:
-            for r in self.link:
-                r.done()
-        return result
-
-
-def test_rounds_of_several_partitions_commit_side_by_side() -> None:
-    link: list[TransactionalRequestResult] = []
-    producers = [_Producer("ok") for _ in range(3)]
-    for p in producers:
-        p._transaction_manager = _LinkedManager(link, len(producers))
-    redeliverer = Redeliverer("q", "q.retry", "m", lambda topic, queue: (0,), txn_timeout_s=0.2)
-    outcomes = redeliverer.rounds([Round(p, [], {"tp": 1}, "group") for p in producers])
-    assert outcomes == [RoundOutcome(True)] * 3
-    assert [p._transaction_manager.calls for p in producers] == [["offsets", "commit"]] * 3
-
-
-def test_a_stuck_round_does_not_hold_up_the_others() -> None:
-    stuck, fine, fenced = _Producer(None), _Producer("ok"), _Producer("fenced")
-    redeliverer = Redeliverer("q", "q.retry", "m", lambda topic, queue: (0,), txn_timeout_s=0.3)
-    started = time.monotonic()
-    outcomes = redeliverer.rounds([Round(p, [], {"tp": 1}, "group") for p in (stuck, fine, fenced)])
-    assert outcomes == [
-        RoundOutcome(False, stuck=True),
-        RoundOutcome(True),
-        RoundOutcome(False, fenced=True),
-    ]
-    # One deadline for all: the answered rounds' waits do not add to the stuck one's.
-    assert time.monotonic() - started < 0.3 * 2
-    assert stuck._transaction_manager.calls == ["offsets"], "not committed, nor aborted"
-    assert fine._transaction_manager.calls == ["offsets", "commit"]
-    assert fenced._transaction_manager.calls == ["offsets"], "no abort: it is fenced"
-
-
-def test_a_wait_past_its_deadline_still_takes_an_answer_that_is_in() -> None:
-    txn_wait.begin_commit(_Producer("ok")).wait(-1.0)
-    with pytest.raises(TransactionStuck):
-        txn_wait.begin_commit(_Producer(None)).wait(0.0)
