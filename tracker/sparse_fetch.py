@@ -31,8 +31,11 @@ _RECORDS_AT = DefaultRecordBatch.HEADER_STRUCT.size
 
 def install(consumer: Any, wanted: Mapping[Any, Collection[int]]) -> bool:
     """Make ``consumer`` return, for a partition in ``wanted``, only the records at the
-    offsets it lists at the time a fetch response is unpacked (other partitions: all).
-    ``wanted`` is read, never written. False: this consumer has no such hook (a stub)."""
+    offsets it lists (other partitions: all). ``wanted`` is read, never written, and read
+    again whenever unpacking goes on: kafka-python keeps a partition's unpacked records
+    across a re-assignment and hands them out if the new position matches, so records
+    unpacked during one scan may be returned in the next, which wants other offsets.
+    False: this consumer has no such hook (a stub)."""
     fetcher: Any = getattr(consumer, "_fetcher", None)
     base = getattr(fetcher, "PartitionRecords", None)
     if not isinstance(base, type):
@@ -40,65 +43,107 @@ def install(consumer: Any, wanted: Mapping[Any, Collection[int]]) -> bool:
 
     class SparsePartitionRecords(base):  # type: ignore[misc, valid-type]
         def __init__(self, fetch_offset: int, tp: Any, records: Any, *args: Any, **kw: Any):
-            offsets = wanted.get(tp)
-            if offsets is not None:
-                records = _SparseRecords(records, frozenset(offsets))
+            records = _SparseRecords(records, _Wanted(wanted, tp))
             super().__init__(fetch_offset, tp, records, *args, **kw)
 
     fetcher.PartitionRecords = SparsePartitionRecords
     return True
 
 
+class _Wanted:
+    """The offsets of one partition wanted now (``None``: every record)."""
+
+    __slots__ = ("_frozen", "_last", "_sorted", "_tp", "_wanted")
+
+    def __init__(self, wanted: Mapping[Any, Collection[int]], tp: Any) -> None:
+        self._wanted = wanted
+        self._tp = tp
+        self._last: Collection[int] | None = None
+        self._frozen: frozenset[int] = frozenset()
+        self._sorted: list[int] = []
+
+    def now(self) -> frozenset[int] | None:
+        offsets = self._wanted.get(self._tp)
+        if offsets is None:
+            return None
+        if offsets is not self._last:
+            self._last = offsets
+            self._frozen = frozenset(offsets)
+            self._sorted = sorted(self._frozen)
+        return self._frozen
+
+    def any_between(self, first: int, last: int) -> bool:
+        """Whether an offset from ``first`` to ``last`` is wanted now (or every one is)."""
+        if self.now() is None:
+            return True
+        i = bisect_left(self._sorted, first)
+        return i < len(self._sorted) and self._sorted[i] <= last
+
+
 class _SparseRecords:
     """A fetch response's MemoryRecords whose data batches yield only the wanted records."""
 
-    def __init__(self, records: Any, offsets: frozenset[int]) -> None:
+    def __init__(self, records: Any, wanted: _Wanted) -> None:
         self._records = records
-        self._offsets = offsets
-        self._sorted = sorted(offsets)
+        self._wanted = wanted
 
     def next_batch(self) -> Any:
         batch = self._records.next_batch()
         if not isinstance(batch, DefaultRecordBatch) or batch.is_control_batch:
             return batch  # the fetcher reads a control batch's record itself (next(batch))
         first = batch.base_offset
-        i = bisect_left(self._sorted, first)
-        if i == len(self._sorted) or self._sorted[i] > first + batch.last_offset_delta:
-            return _FilteredBatch(batch, frozenset())  # nothing wanted: not even parsed
+        if not self._wanted.any_between(first, first + batch.last_offset_delta):
+            return _Skipped(batch)
         if batch.compression_type == DefaultRecordBatch.CODEC_NONE:
-            return _SparseBatch(batch, self._offsets)
-        return _FilteredBatch(batch, self._offsets)
+            return _SparseBatch(batch, self._wanted)
+        return _FilteredBatch(batch, self._wanted)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._records, name)
 
 
-class _FilteredBatch:
-    """A batch parsed in full (compressed), of which only the wanted records are yielded
-    (none wanted: not parsed at all; the fetcher has checked the batch's CRC)."""
+class _Skipped:
+    """A batch none of whose records is wanted: not parsed at all (the fetcher has checked
+    its CRC). Its records are never yielded, so it is stepped over within one unpacking."""
 
-    def __init__(self, batch: Any, offsets: frozenset[int]) -> None:
+    def __init__(self, batch: Any) -> None:
         self._batch = batch
-        self._offsets = offsets
 
     def __iter__(self) -> Iterator[Any]:
-        offsets = self._offsets
-        if not offsets:
-            return iter(())
-        return (r for r in self._batch if r.offset in offsets)
+        return iter(())
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._batch, name)
+
+
+class _FilteredBatch(_Skipped):
+    """A compressed batch, parsed in full, of which only the wanted records are yielded."""
+
+    def __init__(self, batch: Any, wanted: _Wanted) -> None:
+        super().__init__(batch)
+        self._wanted = wanted
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._filter(self._batch, self._wanted)
+
+    @staticmethod
+    def _filter(batch: Any, wanted: _Wanted) -> Iterator[Any]:
+        offsets = wanted.now()
+        for record in batch:
+            if offsets is None or record.offset in offsets:
+                yield record
+                offsets = wanted.now()  # resumed: perhaps for a later scan
 
 
 class _SparseBatch(_FilteredBatch):
     """An uncompressed batch: records not wanted are stepped over by their length."""
 
     def __iter__(self) -> Iterator[Any]:
-        return self._walk(self._batch, self._offsets)
+        return self._walk(self._batch, self._wanted)
 
     @staticmethod
-    def _walk(batch: DefaultRecordBatch, offsets: frozenset[int]) -> Iterator[Any]:
+    def _walk(batch: DefaultRecordBatch, wanted: _Wanted) -> Iterator[Any]:
+        offsets = wanted.now()
         buffer = batch._buffer
         end = len(buffer)
         pos = _RECORDS_AT
@@ -125,13 +170,14 @@ class _SparseBatch(_FilteredBatch):
                 raise CorruptRecordError(f"Invalid record size {length} at offset delta "
                                          f"{offset_delta}")  # fmt: skip
             offset = base + offset_delta
-            if offset not in offsets:
+            if offsets is not None and offset not in offsets:
                 continue
             timestamp = batch.max_timestamp if log_append else batch.first_timestamp + ts_delta
             key, value, headers = _body(buffer, at, pos)
             yield DefaultRecord(
                 length, offset, timestamp, batch.timestamp_type, key, value, headers
             )
+            offsets = wanted.now()  # resumed: perhaps for a later scan
         if pos != end:
             raise CorruptRecordError(f"{end - pos} unconsumed bytes after all records consumed")
 
