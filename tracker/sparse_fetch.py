@@ -34,8 +34,9 @@ def install(consumer: Any, wanted: Mapping[Any, Collection[int]]) -> bool:
     offsets it lists (other partitions: all). ``wanted`` is read, never written, and read
     again whenever unpacking goes on: kafka-python keeps a partition's unpacked records
     across a re-assignment and hands them out if the new position matches, so records
-    unpacked during one scan may be returned in the next, which wants other offsets.
-    False: this consumer has no such hook (a stub)."""
+    unpacked during one scan may be returned in the next, which wants other offsets. A
+    partition's offsets are replaced, not changed in place (a frozenset, say). False: this
+    consumer has no such hook (a stub)."""
     fetcher: Any = getattr(consumer, "_fetcher", None)
     base = getattr(fetcher, "PartitionRecords", None)
     if not isinstance(base, type):
