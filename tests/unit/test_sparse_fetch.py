@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kafka import TopicPartition
+from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import Fetcher
 from kafka.errors import CorruptRecordError
 from kafka.protocol.consumer import IsolationLevel
@@ -19,6 +19,7 @@ from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchB
 from kafka.record.util import calc_crc32c
 
 from tracker import sparse_fetch
+from tracker.reread import RecordReader
 
 TP = TopicPartition("q", 3)
 Rec = tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]
@@ -161,6 +162,28 @@ def test_a_record_whose_length_runs_past_its_batch_is_corrupt() -> None:
     data[DefaultRecordBatch.HEADER_STRUCT.size] = 0x7E  # its length: 63
     with pytest.raises(CorruptRecordError, match="Invalid record size 63"):
         unpack(sparse_class({TP: frozenset({0})}), bytes(data), check_crcs=False)
+
+
+def test_the_hook_takes_on_kafka_pythons_own_consumer() -> None:
+    # Built without a broker (the API version given); the tracker's re-read consumer is one.
+    consumer = KafkaConsumer(
+        bootstrap_servers="127.0.0.1:9", api_version=(2, 8, 0), enable_auto_commit=False
+    )
+    try:
+        assert sparse_fetch.install(consumer, {})
+        hooked = consumer._fetcher.PartitionRecords
+        assert hooked is not Fetcher.PartitionRecords
+        assert issubclass(hooked, Fetcher.PartitionRecords)
+    finally:
+        consumer.close()
+
+
+def test_the_record_reader_hooks_its_consumer() -> None:
+    reader: Any = SimpleNamespace(
+        _fetcher=SimpleNamespace(PartitionRecords=Fetcher.PartitionRecords)
+    )
+    RecordReader(reader, {0: "q"})
+    assert reader._fetcher.PartitionRecords is not Fetcher.PartitionRecords
 
 
 def test_a_consumer_without_the_hook_is_left_alone() -> None:
