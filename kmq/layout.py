@@ -94,8 +94,8 @@ def place(partitions: int, spread: int, queues: Sequence[str]) -> dict[str, int]
 def _windows(load: list[int], width: int) -> list[tuple[int, int]]:
     """(max, sum) of ``load`` over each window of ``width`` consecutive partitions
     (wrapping), by its first partition: O(partitions), so that placing many queues on many
-    partitions stays quick."""
-    n = len(load)
+    partitions stays quick. ``1 <= width <= len(load)``: the ring then holds exactly one
+    window per partition."""
     ring = load + load[: width - 1]
     out: list[tuple[int, int]] = []
     total = sum(ring[:width])
@@ -112,8 +112,6 @@ def _windows(load: list[int], width: int) -> list[tuple[int, int]]:
         if start > 0:
             total += value - ring[start - 1]
         out.append((ring[maxima[0]], total))
-        if len(out) == n:
-            break
     return out
 
 
