@@ -25,7 +25,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.errors import KafkaError
 from kafka.net.sasl.oauth import AbstractTokenProvider
 
-from kmq import join_fix
+from kmq import join_fix, unpack
 from kmq.errors import BrokerError, ConfigError
 
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
@@ -282,11 +282,13 @@ def producer(
 
 
 def consumer(conn: KafkaConnection, role: str | None = None, **settings: Any) -> KafkaConsumer:
-    """A KafkaConsumer for ``conn``. A group member (``group_id``) gets :mod:`kmq.join_fix`
-    installed first."""
+    """A KafkaConsumer for ``conn``, unpacking fetched records with :mod:`kmq.unpack`. A
+    group member (``group_id``) gets :mod:`kmq.join_fix` installed first."""
     if settings.get("group_id") is not None:
         join_fix.apply()
-    return _build(KafkaConsumer, conn, role, settings)
+    client = _build(KafkaConsumer, conn, role, settings)
+    unpack.install(client)
+    return client
 
 
 def admin(conn: KafkaConnection, role: str | None = "admin", **settings: Any) -> KafkaAdminClient:

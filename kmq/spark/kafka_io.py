@@ -8,19 +8,18 @@ among them, answer with stale values); that is correct on Apache Kafka as well.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.consumer.fetcher import Fetcher
 from kafka.errors import CorruptRecordError, KafkaError
-from kafka.protocol.consumer.offsets import IsolationLevel
-from kafka.record.util import decode_varint
 
 from kmq import kafka_clients
 from kmq.errors import BrokerError
 from kmq.kafka_clients import KafkaConnection, KafkaSecurity
+from kmq.record_v2 import records
 from kmq.spark.splits import OffsetRange
+from kmq.unpack import Records
 
 _READ_DEFAULTS: dict[str, Any] = {
     "client_id": "kmq-spark",
@@ -166,99 +165,22 @@ class RecordRun:
 
 
 def _decode_v2(batch: Any, lo: int, hi: int, run: RecordRun) -> None:
-    """The records of a message format v2 batch, as kafka-python's DefaultRecordBatch reads
-    them (same checks), without building an object per record."""
-    batch._maybe_uncompress()  # kafka-python's own decompression of the batch
-    buf = bytes(batch._buffer)
-    pos: int = batch._pos
-    varint = decode_varint
-    base: int = batch.base_offset
-    first_ts: int = batch.first_timestamp
-    fixed_ts = batch.max_timestamp if batch.timestamp_type == _LOG_APPEND_TIME else None
+    """Append the records of a message format v2 batch in ``[lo, hi)`` to ``run``, one list
+    per field (no object per record)."""
+    wanted: Callable[[], range] | None = None
+    if batch.base_offset < lo or batch.last_offset >= hi:  # a batch at an edge of the range
+        within = range(lo, hi)
+        wanted = lambda: within  # noqa: E731
     add_offset, add_ts = run.offsets.append, run.timestamps.append
     add_key, add_value = run.keys.append, run.values.append
     add_headers = run.headers.append if run.headers is not None else None
-    # Varints inline when they take one byte (zigzag: (b >> 1) ^ -(b & 1)), the common case.
-    try:
-        for _ in range(batch.records_count):
-            length, pos = varint(buf, pos)
-            end = pos + length
-            b = buf[pos + 1]  # after the attributes (int8, unused)
-            if b < 128:
-                ts_delta = (b >> 1) ^ -(b & 1)
-                pos += 2
-            else:
-                ts_delta, pos = varint(buf, pos + 1)
-            b = buf[pos]
-            if b < 128:
-                offset_delta = (b >> 1) ^ -(b & 1)
-                pos += 1
-            else:
-                offset_delta, pos = varint(buf, pos)
-            b = buf[pos]
-            if b < 128:
-                size = (b >> 1) ^ -(b & 1)
-                pos += 1
-            else:
-                size, pos = varint(buf, pos)
-            if size >= 0:
-                key: bytes | None = buf[pos : pos + size]
-                pos += size
-            else:
-                key = None
-            b = buf[pos]
-            if b < 128:
-                size = (b >> 1) ^ -(b & 1)
-                pos += 1
-            else:
-                size, pos = varint(buf, pos)
-            if size >= 0:
-                value: bytes | None = buf[pos : pos + size]
-                pos += size
-            else:
-                value = None
-            count = buf[pos]
-            if count < 128:
-                count = (count >> 1) ^ -(count & 1)
-                pos += 1
-            else:
-                count, pos = varint(buf, pos)
-            if count < 0:
-                raise CorruptRecordError(f"Found invalid number of record headers {count}")
-            headers: list[tuple[str, bytes | None]] = []
-            while count:
-                size, pos = varint(buf, pos)
-                if size < 0:
-                    raise CorruptRecordError(f"Invalid negative header key size {size}")
-                name = buf[pos : pos + size].decode("utf-8")
-                pos += size
-                size, pos = varint(buf, pos)
-                if size >= 0:
-                    headers.append((name, buf[pos : pos + size]))
-                    pos += size
-                else:
-                    headers.append((name, None))
-                count -= 1
-            if pos != end:
-                raise CorruptRecordError(
-                    f"Invalid record size: expected to read {length} bytes in record "
-                    f"payload, but instead read {pos - end + length}"
-                )
-            offset = base + offset_delta
-            if lo <= offset < hi:
-                add_offset(offset)
-                add_ts(fixed_ts if fixed_ts is not None else first_ts + ts_delta)
-                add_key(key)
-                add_value(value)
-                if add_headers is not None:
-                    add_headers(headers)
-    except (ValueError, IndexError) as exc:
-        raise CorruptRecordError(f"Found invalid record structure: {exc!r}") from exc
-    if pos != len(buf):
-        raise CorruptRecordError(f"{len(buf) - pos} unconsumed bytes after all records consumed")
-
-
-_LOG_APPEND_TIME = 1
+    for offset, timestamp, key, value, headers in records(batch, wanted):
+        add_offset(offset)
+        add_ts(timestamp)
+        add_key(key)
+        add_value(value)
+        if add_headers is not None:
+            add_headers(headers)
 
 
 class _Legacy:
@@ -271,62 +193,32 @@ class _Legacy:
         self.last_offset: int = records[-1].offset
 
 
-class _WholeBatches(Fetcher.PartitionRecords):  # type: ignore[misc]
+class _WholeBatches(Records):
     """kafka-python's fetched partition data handing each record batch over whole, instead of
     a ConsumerRecord per record: ``poll()`` then returns batches (``max_records`` counts
     batches), which :meth:`RecordRun.add_batch` decodes. The batch-level work (CRC checks,
-    aborted transactions, control batches, positions) is kafka-python's, as in its
-    ``_unpack_records``."""
+    aborted transactions, control batches, positions) is :class:`kmq.unpack.Records`'s."""
 
     def _maybe_skip_record(self, batch: Any) -> bool:
         return bool(batch.last_offset < self.fetch_offset)
 
-    def _unpack_records(
-        self, tp: Any, records: Any, key_deserializer: Any, value_deserializer: Any
-    ) -> Iterator[Any]:
-        batch = records.next_batch()
-        last_batch = None
-        while batch is not None:
-            last_batch = batch
-            if self.check_crcs and not batch.validate_crc():
+    def _batch(self, tp: Any, batch: Any, key_deserializer: Any, value_deserializer: Any
+               ) -> Iterator[Any]:  # fmt: skip
+        self.next_fetch_offset = batch.next_offset
+        yield batch
+
+    def _legacy(self, tp: Any, batch: Any, key_deserializer: Any, value_deserializer: Any
+                ) -> Iterator[Any]:  # fmt: skip
+        legacy = []
+        for record in batch:
+            if self.check_crcs and not record.validate_crc():
                 raise CorruptRecordError(
-                    f"Record batch for partition {tp} at offset {batch.base_offset} "
-                    "failed crc check"
+                    f"Record for partition {tp} at offset {record.offset} failed crc check"
                 )
-            if batch.magic == 2:
-                self.leader_epoch = batch.leader_epoch
-                if self.isolation_level == _READ_COMMITTED and batch.has_producer_id():
-                    self._consume_aborted_transactions_up_to(batch.last_offset)
-                    if self._contains_abort_marker(batch):
-                        self.aborted_producer_ids.discard(batch.producer_id)
-                    elif self._is_batch_aborted(batch):
-                        self.next_fetch_offset = batch.next_offset
-                        batch = records.next_batch()
-                        continue
-                if batch.is_control_batch:
-                    self.next_fetch_offset = batch.next_offset
-                    batch = records.next_batch()
-                    continue
-                self.next_fetch_offset = batch.next_offset
-                yield batch
-            else:
-                legacy = []
-                for record in batch:
-                    if self.check_crcs and not record.validate_crc():
-                        raise CorruptRecordError(
-                            f"Record for partition {tp} at offset {record.offset} failed crc check"
-                        )
-                    legacy.append(record)
-                if legacy:
-                    self.next_fetch_offset = legacy[-1].offset + 1
-                    yield _Legacy(legacy)
-            batch = records.next_batch()
-        if last_batch is not None and last_batch.magic == 2:
-            self.next_fetch_offset = last_batch.next_offset
-        self.drain()
-
-
-_READ_COMMITTED = IsolationLevel.READ_COMMITTED
+            legacy.append(record)
+        if legacy:
+            self.next_fetch_offset = legacy[-1].offset + 1
+            yield _Legacy(legacy)
 
 
 def read_range(
