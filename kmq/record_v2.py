@@ -41,7 +41,16 @@ def records(
     # Varints inline when they take one byte (zigzag: (b >> 1) ^ -(b & 1)), the common case.
     try:
         for _ in range(batch.records_count):
-            length, pos = varint(buf, pos)
+            b = buf[pos]
+            if b < 128:
+                length = (b >> 1) ^ -(b & 1)
+                pos += 1
+            elif buf[pos + 1] < 128:  # two bytes: records of 64 to 8,191 bytes
+                b = (b & 0x7F) | (buf[pos + 1] << 7)
+                length = (b >> 1) ^ -(b & 1)
+                pos += 2
+            else:
+                length, pos = varint(buf, pos)
             end = pos + length
             if length < 0 or end > size_all:
                 raise CorruptRecordError(f"Invalid record size {length}")
