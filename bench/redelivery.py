@@ -40,6 +40,8 @@ def run(ctx: Context) -> JSON:
                 "never_redelivered": consumed["never_redelivered"],
                 "spurious_redeliveries": consumed["spurious_redeliveries"],
                 "delay_beyond_lease_ms": delay,
+                "copy_written_beyond_lease_ms": consumed.get("copy_written_beyond_lease_ms"),
+                "copy_taken_after_written_ms": consumed.get("copy_taken_after_written_ms"),
             },
             "unpaced": None,
         }
@@ -71,6 +73,10 @@ def run(ctx: Context) -> JSON:
             "KEEPALIVE (as a crash would); its redelivered copy is acked",
             "delay": "receive of the copy - receive of the original - lease, from a run paced "
             "at 50% of kmq's max (so no backlog inflates it)",
+            "parts": "by wall clock on this one machine: the tracker's part (the copy's record "
+            "timestamp, set when the tracker's producer sent it, - the drop - the lease) and "
+            "the consumer's (the copy's receive - that timestamp; it includes the copy's "
+            "transaction commit)",
             "throughput": "from an unpaced run: 'all in' = every message acked, copies "
             "included, over first send -> last ack (includes one lease of tail); 'main "
             "flow' = first-attempt acks over first send -> last first-attempt ack, while "

@@ -381,6 +381,30 @@ def _redelivery(section: JSON) -> list[str]:
         ],
         rows,
     )
+    parts = [
+        [
+            f"{r['drop_pct']}%",
+            *(
+                _ms((r["paced"].get(key) or {}).get(q))
+                for key in ("copy_written_beyond_lease_ms", "copy_taken_after_written_ms")
+                for q in ("p50", "p99")
+            ),
+        ]
+        for r in section["rows"]
+        if r["paced"].get("copy_written_beyond_lease_ms")
+    ]
+    if parts:
+        lines += [f"The delay's parts, {section['settings']['parts']}:", ""]
+        lines += _table(
+            [
+                "dropped",
+                "tracker part p50",
+                "p99",
+                "consumer part p50",
+                "p99",
+            ],
+            parts,
+        )
     return lines
 
 

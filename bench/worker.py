@@ -167,6 +167,10 @@ class _Tally:
     dropped_at: dict[int, float] = field(default_factory=dict)
     nacked_at: dict[int, float] = field(default_factory=dict)
     redelivered_at: dict[int, float] = field(default_factory=dict)
+    copy_parts_ms: dict[int, tuple[float, float]] = field(default_factory=dict)
+    """Per dropped message, by wall clock: (its copy's record timestamp - the drop - the
+    lease, the copy's receive - that timestamp): the tracker's part and the consumer's."""
+    dropped_wall: dict[int, float] = field(default_factory=dict)
     redeliveries: int = 0
     spurious: int = 0
     first_attempt_last_ack: float | None = None
@@ -292,6 +296,7 @@ def role_consume_kmq(a: JSON) -> None:
     ack_wait: bool = a.get("ack_wait", False)
     batch_ack: bool = a.get("batch_ack", False)
     drop_pct: int = a.get("drop_pct", 0)
+    lease_s: float = a.get("lease_s", 30.0)
     nack_pct: int = a.get("nack_pct", 0)
     work_s: float = a.get("work_ms", 0.0) / 1000
     want_ids: bool = a.get("record_ids", False)
@@ -344,10 +349,19 @@ def role_consume_kmq(a: JSON) -> None:
                     tally.redeliveries += 1
                     if seq in tally.dropped_at or seq in tally.nacked_at:
                         tally.redelivered_at.setdefault(seq, now)
+                        dropped_wall = tally.dropped_wall.get(seq)
+                        if dropped_wall is not None and seq not in tally.copy_parts_ms:
+                            # The copy's timestamp: when the tracker's producer sent it.
+                            written = message.timestamp_ms / 1000
+                            tally.copy_parts_ms[seq] = (
+                                (written - dropped_wall - lease_s) * 1000,
+                                (time.time() - written) * 1000,
+                            )
                     else:
                         tally.spurious += 1
                 elif drop_pct and seq % 100 < drop_pct:
                     tally.dropped_at[seq] = now
+                    tally.dropped_wall[seq] = time.time()
                     _abandon(consumer, message)
                     continue
                 elif nack_pct and drop_pct <= seq % 100 < drop_pct + nack_pct:
@@ -387,7 +401,6 @@ def role_consume_kmq(a: JSON) -> None:
     merged["done"] = flushed
     merged["cpu_s"] = time.process_time() - cpu0
     if drop_pct:
-        lease_s: float = a["lease_s"]
         delays: list[float] = []
         missing = 0
         for t in tallies:
@@ -400,6 +413,9 @@ def role_consume_kmq(a: JSON) -> None:
         merged["dropped"] = sum(len(t.dropped_at) for t in tallies)
         merged["redelivery_delay_beyond_lease_ms"] = delays
         merged["never_redelivered"] = missing
+        parts = [p for t in tallies for p in t.copy_parts_ms.values()]
+        merged["copy_written_beyond_lease_ms"] = [p[0] for p in parts]
+        merged["copy_taken_after_written_ms"] = [p[1] for p in parts]
     if nack_pct:
         nack_delays = [
             (t.redelivered_at[seq] - at) * 1000
@@ -432,6 +448,9 @@ def _finish_consumer(a: JSON, merged: JSON) -> None:
     merged["latency_ms"] = summarize(latency) if a.get("latency") else None
     if delays is not None:
         merged["redelivery_delay_beyond_lease_ms"] = summarize(delays)
+    for part in ("copy_written_beyond_lease_ms", "copy_taken_after_written_ms"):
+        if part in merged:
+            merged[part] = summarize(merged[part])
     merged["rss_kb"] = rss_kb(os.getpid())
     emit("result", **merged)
 
