@@ -215,7 +215,11 @@ class Consumer:
                 enable_auto_commit=False,
                 auto_offset_reset="earliest",
                 request_timeout_ms=cfg.request_timeout_ms,
-                fetch_max_wait_ms=500,
+                # Copies are written in transactions. On the embedded broker a copy waited
+                # for about this long after its commit (the fetch waiting at the broker is
+                # not answered at once): 500 ms here put 160-180 ms into the redelivery
+                # delay's median, 100 ms about 85 (bench/results/retry-wait-*.md).
+                fetch_max_wait_ms=100,
                 isolation_level="read_committed",  # a transactional tracker's aborted copies
             )
             self._refresh_layout(initial=True)
