@@ -444,8 +444,12 @@ class PartitionState:
         inflight = self._inflight.get(key)
         return None if inflight is None else float(inflight.deadline)
 
-    def next_deadline(self) -> float | None:
-        return float(self._deadlines[0].deadline) if self._deadlines else None
+    def next_deadline(self, after: float | None = None) -> float | None:
+        """The earliest deadline (by the clock), or the earliest later than ``after``;
+        ``None`` if there is none."""
+        deadlines = self._deadlines
+        i = 0 if after is None else deadlines.bisect_key_right(after)
+        return float(deadlines[i].deadline) if i < len(deadlines) else None
 
     def commit_offset(self, settled: Iterable[int] = ()) -> int | None:
         """The offset a restart must replay from: the oldest in-flight START, else the end.

@@ -31,7 +31,7 @@ from kmq.markers import QUEUE_LANE, RETRY_LANE, MarkerType, decode, encode_entri
 from kmq.records import delivery_key, queue_headers
 from tests.unit.kafka_stubs import StubTxnProducer
 from tracker.config import TrackerConfig
-from tracker.daemon import Tracker
+from tracker.daemon import Tracker, markers_wait_ms
 from tracker.fencing import FenceWatch, PartitionWriters
 from tracker.readers import LiveReaders
 from tracker.redeliver import Redeliverer, copy_of
@@ -615,3 +615,41 @@ def test_the_stats_line_says_the_slowest_turn_since_the_last_one(
         t._log_stats()
     assert "turn_max_ms=1234" in caplog.text and "redeliver_max_ms=501" in caplog.text
     assert (t._slowest_turn_s, t._slowest_redelivery_s) == (0.0, 0.0), "per stats line"
+
+
+def _state_with_starts(partition: int, read_at: list[float]) -> PartitionState:
+    """A caught-up state with one START read at each of ``read_at`` (lease LEASE_MS)."""
+    state = PartitionState(partition)
+    state.set_position(10)
+    state.set_end_offset(10)
+    for i, now in enumerate(read_at):
+        start = (int(MarkerType.START), QUEUE_LANE, 3, 100 + i, 1, LEASE_MS, 0, 0)
+        state.on_record(10 + i, encode_entries([start], []), now)
+    return state
+
+
+@pytest.mark.parametrize(
+    ("read_at", "now", "expected_ms"),
+    [  # times exact in binary: the deadline - now below is exact
+        ([], 50.0, 1000),  # nothing in flight: the longest wait
+        ([50.5], 50.0, 1000),  # due at 51.5: after the longest wait
+        ([49.25], 50.0, 250),  # due at 50.25: wake then
+        ([49.0625], 50.0, 63),  # 62.5 ms: rounded up, never early
+        ([48.0, 49.125], 50.0, 125),  # one already passed (awaits its probe), the next later
+        ([49.0], 50.0, 1000),  # due exactly now: passed, nothing later
+        ([49.0 + 2**-20], 50.0, 1),  # due within the millisecond: at least 1 ms
+    ],
+)
+def test_the_markers_poll_wakes_when_the_next_deadline_passes(
+    read_at: list[float], now: float, expected_ms: int
+) -> None:
+    state = _state_with_starts(0, read_at)
+    assert markers_wait_ms([state], now, 1000) == expected_ms
+
+
+def test_the_markers_poll_wait_is_the_earliest_of_every_partition() -> None:
+    states = [_state_with_starts(0, [49.5]), _state_with_starts(1, [49.25, 49.75])]
+    assert markers_wait_ms(states, 50.0, 1000) == 250
+    assert states[1].next_deadline() == 50.25
+    assert states[1].next_deadline(after=50.25) == 50.75
+    assert states[1].next_deadline(after=50.75) is None
