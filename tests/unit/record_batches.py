@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import struct
+from types import SimpleNamespace
+from typing import Any
 
+from hypothesis import strategies as st
 from kafka import TopicPartition
+from kafka.protocol.consumer import IsolationLevel
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 from kafka.record.util import calc_crc32c
 
@@ -48,3 +52,39 @@ def batch(
 
 def records(n: int) -> list[Rec]:
     return [(b"orders", b"x" * (i % 5), [("kmq.id", f"m-{i}".encode())]) for i in range(n)]
+
+
+def transactions() -> tuple[bytes, dict[str, Any]]:
+    """A fetch with transactions, and the read_committed settings to unpack it: offsets 0-4
+    an aborted transaction of producer 7, 5 its abort marker, 6-9 committed records of
+    producer 8, 10 their commit marker, 11-12 plain records."""
+    data = (
+        batch(0, records(5), producer_id=7)
+        + batch(5, [], producer_id=7, control=0)
+        + batch(6, records(4), producer_id=8)
+        + batch(10, [], producer_id=8, control=1)
+        + batch(11, records(2))
+    )
+    return data, {
+        "isolation_level": IsolationLevel.READ_COMMITTED,
+        "aborted_transactions": [SimpleNamespace(producer_id=7, first_offset=0)],
+    }
+
+
+_bytes = st.one_of(st.none(), st.binary(max_size=40))
+_record = st.tuples(_bytes, _bytes, st.lists(st.tuples(st.text(max_size=8), _bytes), max_size=3))
+fetches = st.lists(
+    st.tuples(st.lists(_record, min_size=1, max_size=12), st.booleans()),
+    min_size=1,
+    max_size=5,
+)
+"""Random fetches: up to 5 batches of up to 12 records, each batch gzipped or not."""
+
+
+def fetch_of(batches: list[tuple[list[Rec], bool]], ts_step_ms: int = 1) -> tuple[bytes, int]:
+    """``batches`` (records, gzipped) as one fetch from offset 0, and how many records."""
+    data, base = b"", 0
+    for recs, gzip in batches:
+        data += batch(base, recs, gzip=gzip, ts_step_ms=ts_step_ms)
+        base += len(recs)
+    return data, base

@@ -12,11 +12,10 @@ from hypothesis import strategies as st
 from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import Fetcher
 from kafka.errors import CorruptRecordError
-from kafka.protocol.consumer import IsolationLevel
 from kafka.record import MemoryRecords
 from kafka.record.default_records import DefaultRecordBatch
 
-from tests.unit.record_batches import TP, Rec, batch, records
+from tests.unit.record_batches import TP, Rec, batch, fetch_of, fetches, records, transactions
 from tracker import sparse_fetch
 from tracker.reread import RecordReader
 
@@ -86,19 +85,7 @@ def test_nothing_wanted_in_a_fetch_still_moves_the_position() -> None:
 
 
 def test_aborted_transactions_and_control_batches_are_kafka_pythons() -> None:
-    # Offsets 0-4 an aborted transaction of producer 7, 5 its abort marker, 6-9 committed
-    # records of producer 8, 10 their commit marker, 11-12 plain records.
-    data = (
-        batch(0, records(5), producer_id=7)
-        + batch(5, [], producer_id=7, control=0)
-        + batch(6, records(4), producer_id=8)
-        + batch(10, [], producer_id=8, control=1)
-        + batch(11, records(2))
-    )
-    kw = {
-        "isolation_level": IsolationLevel.READ_COMMITTED,
-        "aborted_transactions": [SimpleNamespace(producer_id=7, first_offset=0)],
-    }
+    data, kw = transactions()
     wanted = frozenset({2, 5, 7, 10, 12})
     full, full_next = unpack(Fetcher.PartitionRecords, data, **kw)
     sparse, sparse_next = unpack(sparse_class({TP: wanted}), data, **kw)
@@ -149,33 +136,18 @@ def test_a_consumer_without_the_hook_is_left_alone() -> None:
     assert not sparse_fetch.install(SimpleNamespace(_fetcher=None), {})
 
 
-_bytes = st.one_of(st.none(), st.binary(max_size=40))
-_record = st.tuples(
-    _bytes,
-    _bytes,
-    st.lists(st.tuples(st.text(max_size=8), _bytes), max_size=3),
-)
-
-
 @settings(max_examples=150, deadline=None)
 @given(
-    batches=st.lists(
-        st.tuples(st.lists(_record, min_size=1, max_size=12), st.booleans()),
-        min_size=1,
-        max_size=5,
-    ),
+    batches=fetches,
     picks=st.sets(st.integers(min_value=0, max_value=70), max_size=20),
     fetch_offset=st.integers(min_value=0, max_value=10),
 )
 def test_sparse_is_kafka_python_filtered(
     batches: list[tuple[list[Rec], bool]], picks: set[int], fetch_offset: int
 ) -> None:
-    data, base = b"", 0
-    for recs, gzip in batches:
-        data += batch(base, recs, gzip=gzip)
-        base += len(recs)
+    data, count = fetch_of(batches)
     wanted = frozenset(picks)
     full, full_next = unpack(Fetcher.PartitionRecords, data, fetch_offset)
     sparse, sparse_next = unpack(sparse_class({TP: wanted}), data, fetch_offset)
     assert sparse == [r for r in full if r[2] in wanted]
-    assert sparse_next == full_next == base
+    assert sparse_next == full_next == count

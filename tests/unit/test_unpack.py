@@ -12,14 +12,13 @@ from hypothesis import strategies as st
 from kafka import KafkaConsumer
 from kafka.consumer.fetcher import Fetcher
 from kafka.errors import CorruptRecordError
-from kafka.protocol.consumer import IsolationLevel
 from kafka.record import MemoryRecords
 from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.legacy_records import LegacyRecordBatchBuilder
 
 from kmq import kafka_clients, unpack
 from kmq.record_v2 import records as v2_records
-from tests.unit.record_batches import TP, Rec, batch, records
+from tests.unit.record_batches import TP, Rec, batch, fetch_of, fetches, records, transactions
 
 
 def take_all(cls: Any, data: bytes, fetch_offset: int = 0, **kw: Any) -> tuple[list[Any], Any]:
@@ -73,18 +72,8 @@ def test_deserializers_are_applied_as_kafka_python_applies_them() -> None:
 
 
 def test_aborted_transactions_and_control_batches() -> None:
-    data = (
-        batch(0, records(5), producer_id=7)
-        + batch(5, [], producer_id=7, control=0)
-        + batch(6, records(4), producer_id=8)
-        + batch(10, [], producer_id=8, control=1)
-        + batch(11, records(2))
-    )
-    got = same_as_kafka_python(
-        data,
-        isolation_level=IsolationLevel.READ_COMMITTED,
-        aborted_transactions=[SimpleNamespace(producer_id=7, first_offset=0)],
-    )
+    data, kw = transactions()
+    got = same_as_kafka_python(data, **kw)
     assert [r.offset for r in got] == [6, 7, 8, 9, 11, 12]
 
 
@@ -156,25 +145,14 @@ def test_a_consumer_without_the_hook_is_left_alone() -> None:
     assert not unpack.install(SimpleNamespace(_fetcher=None))
 
 
-_bytes = st.one_of(st.none(), st.binary(max_size=40))
-_record = st.tuples(_bytes, _bytes, st.lists(st.tuples(st.text(max_size=8), _bytes), max_size=3))
-
-
 @settings(max_examples=150, deadline=None)
 @given(
-    batches=st.lists(
-        st.tuples(st.lists(_record, min_size=1, max_size=12), st.booleans()),
-        min_size=1,
-        max_size=5,
-    ),
+    batches=fetches,
     fetch_offset=st.integers(min_value=0, max_value=10),
     ts_step_ms=st.sampled_from([0, 1, 100_000]),
 )
 def test_any_batches_unpack_as_kafka_python_unpacks_them(
     batches: list[tuple[list[Rec], bool]], fetch_offset: int, ts_step_ms: int
 ) -> None:
-    data, base = b"", 0
-    for recs, gzip in batches:
-        data += batch(base, recs, gzip=gzip, ts_step_ms=ts_step_ms)
-        base += len(recs)
-    assert len(same_as_kafka_python(data, fetch_offset)) == max(0, base - fetch_offset)
+    data, count = fetch_of(batches, ts_step_ms)
+    assert len(same_as_kafka_python(data, fetch_offset)) == max(0, count - fetch_offset)
