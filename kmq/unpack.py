@@ -110,15 +110,9 @@ class Records(Fetcher.PartitionRecords):  # type: ignore[misc]
             if not plain:
                 key = self._deserialize(key_deserializer, topic, headers, key)
                 value = self._deserialize(value_deserializer, topic, headers, value)
-            if headers:
-                header_size = 0
-                for name, data in headers:
-                    header_size += len(name.encode()) + (len(data) if data is not None else 0)
-            else:
-                header_size = -1
             yield new(ConsumerRecord, (
                 topic, partition, epoch, offset, timestamp, ts_type, key, value, headers,
-                None, key_size, value_size, header_size,
+                None, key_size, value_size, _header_size(headers),
             ))  # fmt: skip
 
     def _legacy(
@@ -145,6 +139,10 @@ class Records(Fetcher.PartitionRecords):  # type: ignore[misc]
 
 
 def _header_size(headers: list[tuple[str, bytes | None]]) -> int:
+    """kafka-python's ``serialized_header_size``: -1 without headers."""
     if not headers:
         return -1
-    return sum(len(k.encode("utf-8")) + (len(v) if v is not None else 0) for k, v in headers)
+    size = 0  # a loop, not sum() over a generator: this runs for every record
+    for name, data in headers:
+        size += len(name.encode()) + (len(data) if data is not None else 0)
+    return size
