@@ -170,7 +170,6 @@ class _Tally:
     copy_parts_ms: dict[int, tuple[float, float]] = field(default_factory=dict)
     """Per dropped message, by wall clock: (its copy's record timestamp - the drop - the
     lease, the copy's receive - that timestamp): the tracker's part and the consumer's."""
-    dropped_wall: dict[int, float] = field(default_factory=dict)
     redeliveries: int = 0
     spurious: int = 0
     first_attempt_last_ack: float | None = None
@@ -297,6 +296,7 @@ def role_consume_kmq(a: JSON) -> None:
     batch_ack: bool = a.get("batch_ack", False)
     drop_pct: int = a.get("drop_pct", 0)
     lease_s: float = a.get("lease_s", 30.0)
+    wall_minus_monotonic = time.time() - time.monotonic()  # record timestamps are wall clock
     nack_pct: int = a.get("nack_pct", 0)
     work_s: float = a.get("work_ms", 0.0) / 1000
     want_ids: bool = a.get("record_ids", False)
@@ -349,19 +349,19 @@ def role_consume_kmq(a: JSON) -> None:
                     tally.redeliveries += 1
                     if seq in tally.dropped_at or seq in tally.nacked_at:
                         tally.redelivered_at.setdefault(seq, now)
-                        dropped_wall = tally.dropped_wall.get(seq)
-                        if dropped_wall is not None and seq not in tally.copy_parts_ms:
-                            # The copy's timestamp: when the tracker's producer sent it.
-                            written = message.timestamp_ms / 1000
+                        dropped = tally.dropped_at.get(seq)
+                        if dropped is not None and seq not in tally.copy_parts_ms:
+                            # The copy's timestamp (wall clock): when the tracker's producer
+                            # sent it.
+                            written = message.timestamp_ms / 1000 - wall_minus_monotonic
                             tally.copy_parts_ms[seq] = (
-                                (written - dropped_wall - lease_s) * 1000,
-                                (time.time() - written) * 1000,
+                                (written - dropped - lease_s) * 1000,
+                                (now - written) * 1000,
                             )
                     else:
                         tally.spurious += 1
                 elif drop_pct and seq % 100 < drop_pct:
                     tally.dropped_at[seq] = now
-                    tally.dropped_wall[seq] = time.time()
                     _abandon(consumer, message)
                     continue
                 elif nack_pct and drop_pct <= seq % 100 < drop_pct + nack_pct:
