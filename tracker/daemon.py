@@ -43,6 +43,7 @@ from tracker import txn_wait
 from tracker.config import TrackerConfig
 from tracker.fencing import FenceWatch, PartitionWriters
 from tracker.health import BrokerLink, ProbeServer
+from tracker.held import HeldWatch
 from tracker.readers import LiveReaders
 from tracker.redeliver import TXN_TIMEOUT_S, Copy, Redeliverer, RoundOutcome, copy_of
 from tracker.reread import RecordReader
@@ -126,6 +127,7 @@ class Tracker:
             init=lambda producer: txn_wait.init(producer, CLAIM_WAIT_S),
         )
         self._fence_watch = FenceWatch()
+        self._held = HeldWatch()
         self._topics = {QUEUE_LANE: config.queue_topic, RETRY_LANE: config.retry_topic}
         self._readers = LiveReaders()
         self._redeliverer = Redeliverer(
@@ -472,6 +474,8 @@ class Tracker:
             if highwater is not None:
                 state.set_end_offset(highwater)  # the first one only: the replay gate
                 state.highwater = highwater
+            if self._held.observe(partition, position, highwater, time.monotonic()):
+                self._nudge(partition, state)
         if (
             self._states
             and not self._caught_up.is_set()
@@ -479,6 +483,22 @@ class Tracker:
         ):
             log.info("caught up on partitions %s", self.partitions())
             self._caught_up.set()
+
+    def _nudge(self, partition: int, state: PartitionState) -> None:
+        """A transaction of the partition's producer writing a PROBE to it: its reader has
+        stayed below a growing high watermark (:mod:`tracker.held`)."""
+        now = time.monotonic()
+        self._held.nudged(partition, now)
+        txn = self._writers.get(partition)
+        if txn is None or state.probe_nonce is None:
+            return  # not claimed yet: nothing of this replica's can be held there
+        state.stats["held_nudged"] += 1
+        probe = encode_entries([state.probe(now)], [b""])
+        outcome = self._redeliverer.nudge(txn, partition, probe)
+        if outcome.fenced:
+            self._fenced(partition)
+        elif outcome.stuck:
+            self._writers.release(partition, timeout_s=0.0)
 
     def _probe(self) -> None:
         """Where a deadline has passed by the clock but not yet by the log, write a PROBE
@@ -657,6 +677,7 @@ class Tracker:
             state.stats["fenced"] += 1
             self._retired.update(state.stats)
         self._writers.release(partition)
+        self._held.forget(partition)
         self._committed.pop(partition, None)
         self._fresh.discard(partition)
         self._kept.discard(partition)
@@ -826,6 +847,7 @@ class Tracker:
         for partition in partitions:
             self._fresh.discard(partition)
             self._reclaim.discard(partition)
+            self._held.forget(partition)
             state = self._states.pop(partition)
             self._retired.update(state.stats)
             self._committed.pop(partition, None)

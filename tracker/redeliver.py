@@ -196,28 +196,17 @@ class Redeliverer:
     ) -> RoundOutcome:
         """Copies, their markers and the markers-offset commit that skips them: all or none."""
         futures: list[Any] = []
-        try:
-            txn.begin_transaction()
+
+        def write() -> None:
             for copy in copies:
                 futures.append(self.send_copy(txn, copy))
                 self.send_marker(txn, copy)
             if offsets:
                 txn_wait.send_offsets(txn, offsets, group_metadata, self._txn_timeout_s)
-            txn_wait.commit(txn, self._txn_timeout_s)
-        except TransactionStuck as exc:
-            log.warning("redelivery transaction stuck (%s); claiming the partition again", exc)
-            return RoundOutcome(False, stuck=True)
-        except KafkaError as exc:
-            if is_fenced(exc):
-                return RoundOutcome(False, fenced=True)
-            log.warning("redelivery transaction failed (%r); retrying", exc)
-            try:
-                txn_wait.abort(txn, self._txn_timeout_s)
-            except TransactionStuck:
-                return RoundOutcome(False, stuck=True)
-            except KafkaError:
-                pass
-            return RoundOutcome(False)
+
+        outcome = self._transaction(txn, write, "redelivery")
+        if not outcome.written:
+            return outcome
         return RoundOutcome(
             True,
             placed=tuple(
@@ -225,6 +214,36 @@ class Redeliverer:
                 for copy, future in zip(copies, futures, strict=True)
             ),
         )
+
+    def nudge(self, txn: Any, partition: int, probe: bytes) -> RoundOutcome:
+        """One transaction of markers ``partition``'s producer writing ``probe`` (a PROBE
+        marker) to it: it completes a transaction of that producer the broker left
+        prepared (see :mod:`tracker.held`), and is read back as the partition's probe."""
+        return self._transaction(
+            txn, lambda: txn.send(self._marker_topic, value=probe, partition=partition), "nudge"
+        )
+
+    def _transaction(self, txn: Any, write: Callable[[], None], what: str) -> RoundOutcome:
+        """``write()`` in one transaction of ``txn``, committed; aborted if it fails."""
+        try:
+            txn.begin_transaction()
+            write()
+            txn_wait.commit(txn, self._txn_timeout_s)
+        except TransactionStuck as exc:
+            log.warning("%s transaction stuck (%s); claiming the partition again", what, exc)
+            return RoundOutcome(False, stuck=True)
+        except KafkaError as exc:
+            if is_fenced(exc):
+                return RoundOutcome(False, fenced=True)
+            log.warning("%s transaction failed (%r); retrying", what, exc)
+            try:
+                txn_wait.abort(txn, self._txn_timeout_s)
+            except TransactionStuck:
+                return RoundOutcome(False, stuck=True)
+            except KafkaError:
+                pass
+            return RoundOutcome(False)
+        return RoundOutcome(True)
 
 
 def _placed(future: Any) -> tuple[int, int] | None:

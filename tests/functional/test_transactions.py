@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
 import kmq
 from kmq.markers import MarkerType
 from tests.functional.conftest import Broker, Topics
 from tests.functional.helpers import read_markers, wait_until
 from tracker.daemon import Tracker
+from tracker.redeliver import Redeliverer
 
 
 def test_transactional_consumer_starts_and_commits_atomically(
@@ -40,3 +43,63 @@ def test_transactional_consumer_starts_and_commits_atomically(
     wait_until(lambda: tracker.stats()["end"] == 5, 10, "the ENDs to reach the tracker")
     assert tracker.stats()["redeliveries"] == 1
     assert tracker.stats()["in_flight"] == 0
+
+
+def test_a_nudge_completes_a_transaction_left_prepared(broker: Broker, topics: Topics) -> None:
+    """The embedded broker only prepares a transaction that ends while another one writing
+    to the same partition is open, and the next end of a transaction that overlaps it
+    completes it; when none comes, its records stay hidden from read_committed readers
+    (tracker.held). Here A ends while B is open, and B while C is open; C's end completes
+    B, not A. A transaction of A's producer writing to A's markers partition (the
+    tracker's nudge) completes A: after it, on any broker, A's marker reads back."""
+    boot = broker.bootstrap_servers
+    made: list[KafkaProducer] = []
+
+    def producer(name: str) -> KafkaProducer:
+        made.append(
+            KafkaProducer(
+                bootstrap_servers=boot,
+                transactional_id=f"{topics.markers}.{name}",
+                enable_idempotence=True,
+                acks="all",
+            )
+        )
+        made[-1].init_transactions()
+        return made[-1]
+
+    try:
+        a, b, c = producer("a"), producer("b"), producer("c")
+        a.begin_transaction()
+        a.send(topics.markers, b"held", partition=0)
+        a.send(topics.markers, b"a", partition=1)
+        a.flush()
+        b.begin_transaction()
+        b.send(topics.markers, b"b", partition=1)
+        b.send(topics.queue, b"b", partition=0)
+        b.flush()
+        a.commit_transaction()
+        c.begin_transaction()
+        c.send(topics.queue, b"c", partition=0)
+        c.flush()
+        b.commit_transaction()
+        c.commit_transaction()
+        nudge = Redeliverer(topics.queue, topics.retry, topics.markers, lambda t, q: (0, 1))
+        assert nudge.nudge(a, 0, b"probe").written
+        reader = KafkaConsumer(
+            bootstrap_servers=boot, isolation_level="read_committed", fetch_max_wait_ms=50
+        )
+        made.append(reader)
+        tp = TopicPartition(topics.markers, 0)
+        reader.assign([tp])
+        reader.seek_to_beginning(tp)
+        read: list[bytes] = []
+
+        def both_read() -> bool:
+            read.extend(r.value for r in reader.poll(100).get(tp, []))
+            return len(read) >= 2
+
+        wait_until(both_read, 10, "the held marker and the nudge to be read back")
+        assert read == [b"held", b"probe"]
+    finally:
+        for client in made:
+            client.close()

@@ -27,12 +27,13 @@ from kafka.errors import (
 from kafka.structs import ConsumerGroupMetadata, MemberState
 
 from kmq.errors import BrokerError
-from kmq.markers import QUEUE_LANE, RETRY_LANE, MarkerType, decode, encode_entries
+from kmq.markers import QUEUE_LANE, RETRY_LANE, MarkerType, decode, encode_entries, parse
 from kmq.records import delivery_key, queue_headers
 from tests.unit.kafka_stubs import StubTxnProducer
 from tracker.config import TrackerConfig
 from tracker.daemon import Tracker, markers_wait_ms
 from tracker.fencing import FenceWatch, PartitionWriters
+from tracker.held import NUDGE_AFTER_S, HeldWatch
 from tracker.readers import LiveReaders
 from tracker.redeliver import Redeliverer, copy_of
 from tracker.reread import ReadResult, Record
@@ -62,6 +63,8 @@ class StubGroupConsumer:
         self.reading: set[int] = set()
         self.commits: list[dict[int, int]] = []
         self.paused_tps: set[TopicPartition] = set()
+        self.positions: dict[int, int] = {}
+        self.highwaters: dict[int, int] = {}
 
     def group_metadata(self) -> ConsumerGroupMetadata:
         return self.metadata
@@ -90,6 +93,12 @@ class StubGroupConsumer:
 
     def pause(self, *tps: TopicPartition) -> None:
         self.paused_tps |= set(tps)
+
+    def position(self, tp: TopicPartition) -> int:
+        return self.positions[tp.partition]
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        return self.highwaters.get(tp.partition)
 
 
 
@@ -175,6 +184,7 @@ class Harness:
         t._reading = set(partitions)
         t._seek = set()
         t._fence_watch = FenceWatch()
+        t._held = HeldWatch()
         t._caught_up = threading.Event()
         t._nonce = 7
         t._topics = {0: CONFIG.queue_topic, 1: CONFIG.retry_topic}
@@ -243,6 +253,51 @@ def test_a_fenced_partition_is_forgotten_even_if_its_producer_will_not_close() -
     h.tracker._redeliver()
     assert h.tracker.partitions() == [] and h.writers.claimed() == set()
     assert h.tracker.stats()["fenced"] == 1
+
+
+def _held_reader(h: Harness, partition: int, position: int, highwater: int) -> None:
+    """The markers reader stays at ``position`` while fetches report ``highwater``; the
+    partition's state writes probes, as the daemon's do."""
+    h.group.positions[partition] = position
+    h.group.highwaters[partition] = highwater
+    if h.tracker._states[partition].probe_nonce is None:
+        state = PartitionState(partition, probe_nonce=h.tracker._nonce)
+        state.set_position(position)
+        state.set_end_offset(position)
+        h.tracker._states[partition] = h.states[partition] = state
+
+
+def test_a_partition_held_below_a_growing_high_watermark_is_nudged() -> None:
+    h = Harness(partitions=(0, 1))
+    h.claim(0, 1)
+    t = h.tracker
+    a_second_ago = time.monotonic() - NUDGE_AFTER_S
+    t._held.observe(1, 10, 11, a_second_ago)  # held at 10 since then
+    t._held.observe(0, 10, 10, a_second_ago)  # read everything since then
+    _held_reader(h, 1, 10, 15)
+    _held_reader(h, 0, 10, 10)
+    t._sync_offsets()
+    nudge = h.producers.last(1)
+    assert nudge.calls[-3:] == ["begin_transaction", "send", "commit_transaction"]
+    [sent] = nudge.sent
+    assert (sent.topic, sent.partition) == (CONFIG.marker_topic, 1)
+    [[entry], _] = parse(sent.value)
+    assert entry[0] == MarkerType.PROBE and entry[4] == t._nonce  # read back as its probe
+    assert h.states[1].stats["held_nudged"] == 1 and h.states[1].stats["probe_sent"] == 1
+    assert h.producers.last(0).sent == [] and h.states[0].stats["held_nudged"] == 0
+
+
+def test_a_fenced_nudge_drops_the_partition() -> None:
+    h = Harness(partitions=(0, 1))
+    h.claim(0, 1)
+    h.producers.last(1).fail = {"commit_transaction": ProducerFencedError()}
+    t = h.tracker
+    t._held.observe(1, 10, 12, time.monotonic() - NUDGE_AFTER_S)
+    _held_reader(h, 1, 10, 13)
+    _held_reader(h, 0, 10, 10)
+    t._sync_offsets()
+    assert set(t._states) == {0}
+    assert 1 in t._fence_watch.watching()
 
 
 def test_fenced_counts_add_up_over_partitions() -> None:
