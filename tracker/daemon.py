@@ -128,6 +128,14 @@ class Tracker:
         )
         self._fence_watch = FenceWatch()
         self._held = HeldWatch()
+        self._nudgers = PartitionWriters(
+            self._transactional_producer,
+            f"{config.group_id}.nudge-{self._nonce:08x}",  # this replica's own: never fenced
+            config.marker_topic,
+            init=lambda producer: txn_wait.init(producer, CLAIM_WAIT_S),
+        )
+        """Per held markers partition, a transactional producer apart from the partition's
+        own, which writes only PROBEs (see :meth:`_nudge`)."""
         self._topics = {QUEUE_LANE: config.queue_topic, RETRY_LANE: config.retry_topic}
         self._readers = LiveReaders()
         self._redeliverer = Redeliverer(
@@ -485,20 +493,23 @@ class Tracker:
             self._caught_up.set()
 
     def _nudge(self, partition: int, state: PartitionState) -> None:
-        """A transaction of the partition's producer writing a PROBE to it: its reader has
-        stayed below a growing high watermark (:mod:`tracker.held`)."""
+        """Its reader has stayed below a growing high watermark (:mod:`tracker.held`): write
+        the partition's PROBE in a transaction of a producer of this replica's own. Not the
+        partition's producer: the embedded broker keeps one transaction per producer epoch,
+        and a new one of that producer takes the held one's partitions up again, so its end
+        waits on the same open transactions (in a full chaos run that made the stalls
+        longer). A PROBE fences nothing and changes nothing: no claim is needed."""
         now = time.monotonic()
         self._held.nudged(partition, now)
-        txn = self._writers.get(partition)
-        if txn is None or state.probe_nonce is None:
+        if state.probe_nonce is None or self._writers.get(partition) is None:
             return  # not claimed yet: nothing of this replica's can be held there
+        if self._nudgers.get(partition) is None and not self._nudgers.claim(partition):
+            return  # its producer is not ready: the next nudge tries again
+        txn = self._nudgers.get(partition)
         state.stats["held_nudged"] += 1
         probe = encode_entries([state.probe(now)], [b""])
-        outcome = self._redeliverer.nudge(txn, partition, probe)
-        if outcome.fenced:
-            self._fenced(partition)
-        elif outcome.stuck:
-            self._writers.release(partition, timeout_s=0.0)
+        if not self._redeliverer.nudge(txn, partition, probe).written:
+            self._nudgers.release(partition, timeout_s=0.0)  # the next nudge builds another
 
     def _probe(self) -> None:
         """Where a deadline has passed by the clock but not yet by the log, write a PROBE
@@ -677,6 +688,7 @@ class Tracker:
             state.stats["fenced"] += 1
             self._retired.update(state.stats)
         self._writers.release(partition)
+        self._nudgers.release(partition)
         self._held.forget(partition)
         self._committed.pop(partition, None)
         self._fresh.discard(partition)
@@ -815,6 +827,7 @@ class Tracker:
             finally:
                 self._producer.close(timeout=5)
                 self._writers.close()
+                self._nudgers.close()
         log.info("stopped: %s", " ".join(f"{k}={v}" for k, v in sorted(self.stats().items())))
 
     # -- rebalance --------------------------------------------------------------------
@@ -852,6 +865,7 @@ class Tracker:
             self._retired.update(state.stats)
             self._committed.pop(partition, None)
             self._writers.release(partition)
+            self._nudgers.release(partition)
         self._caught_up.clear()
         self._retired["partitions_revoked"] += len(partitions)
         log.info("revoked partitions %s", sorted(partitions))

@@ -216,9 +216,9 @@ class Redeliverer:
         )
 
     def nudge(self, txn: Any, partition: int, probe: bytes) -> RoundOutcome:
-        """One transaction of markers ``partition``'s producer writing ``probe`` (a PROBE
-        marker) to it: it completes a transaction of that producer the broker left
-        prepared (see :mod:`tracker.held`), and is read back as the partition's probe."""
+        """One transaction of ``txn`` writing ``probe`` (a PROBE marker) to markers
+        ``partition``: it completes a transaction there the broker left prepared (see
+        :mod:`tracker.held`), and is read back as the partition's probe."""
         return self._transaction(
             txn, lambda: txn.send(self._marker_topic, value=probe, partition=partition), "nudge"
         )

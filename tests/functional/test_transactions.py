@@ -47,59 +47,61 @@ def test_transactional_consumer_starts_and_commits_atomically(
 
 def test_a_nudge_completes_a_transaction_left_prepared(broker: Broker, topics: Topics) -> None:
     """The embedded broker only prepares a transaction that ends while another one writing
-    to the same partition is open, and the next end of a transaction that overlaps it
-    completes it; when none comes, its records stay hidden from read_committed readers
-    (tracker.held). Here A ends while B is open, and B while C is open; C's end completes
-    B, not A. A transaction of A's producer writing to A's markers partition (the
-    tracker's nudge) completes A: after it, on any broker, A's marker reads back."""
+    to the same partition is open (tracker.held): A's marker stays hidden from
+    read_committed readers while B is open. A transaction of another producer writing
+    only to A's markers partition (the tracker's nudge) completes A at once, B still open:
+    after it, on any broker, A's marker reads back; B's copy once B commits."""
     boot = broker.bootstrap_servers
-    made: list[KafkaProducer] = []
+    made: list[KafkaProducer | KafkaConsumer] = []
 
     def producer(name: str) -> KafkaProducer:
-        made.append(
-            KafkaProducer(
-                bootstrap_servers=boot,
-                transactional_id=f"{topics.markers}.{name}",
-                enable_idempotence=True,
-                acks="all",
-            )
+        p = KafkaProducer(
+            bootstrap_servers=boot,
+            transactional_id=f"{topics.markers}.{name}",
+            enable_idempotence=True,
+            acks="all",
         )
-        made[-1].init_transactions()
-        return made[-1]
+        made.append(p)
+        p.init_transactions()
+        return p
 
-    try:
-        a, b, c = producer("a"), producer("b"), producer("c")
-        a.begin_transaction()
-        a.send(topics.markers, b"held", partition=0)
-        a.send(topics.markers, b"a", partition=1)
-        a.flush()
-        b.begin_transaction()
-        b.send(topics.markers, b"b", partition=1)
-        b.send(topics.queue, b"b", partition=0)
-        b.flush()
-        a.commit_transaction()
-        c.begin_transaction()
-        c.send(topics.queue, b"c", partition=0)
-        c.flush()
-        b.commit_transaction()
-        c.commit_transaction()
-        nudge = Redeliverer(topics.queue, topics.retry, topics.markers, lambda t, q: (0, 1))
-        assert nudge.nudge(a, 0, b"probe").written
-        reader = KafkaConsumer(
+    def reader(partition: int) -> tuple[KafkaConsumer, TopicPartition]:
+        c = KafkaConsumer(
             bootstrap_servers=boot, isolation_level="read_committed", fetch_max_wait_ms=50
         )
-        made.append(reader)
-        tp = TopicPartition(topics.markers, 0)
-        reader.assign([tp])
-        reader.seek_to_beginning(tp)
+        made.append(c)
+        tp = TopicPartition(topics.markers, partition)
+        c.assign([tp])
+        c.seek_to_beginning(tp)
+        return c, tp
+
+    def read_until(c: KafkaConsumer, tp: TopicPartition, want: list[bytes]) -> None:
         read: list[bytes] = []
 
-        def both_read() -> bool:
-            read.extend(r.value for r in reader.poll(100).get(tp, []))
-            return len(read) >= 2
+        def all_read() -> bool:
+            read.extend(r.value for r in c.poll(100).get(tp, []))
+            return len(read) >= len(want)
 
-        wait_until(both_read, 10, "the held marker and the nudge to be read back")
-        assert read == [b"held", b"probe"]
+        wait_until(all_read, 10, f"{want} to be read back")
+        assert read == want
+
+    try:
+        a, b, nudger = producer("a"), producer("b"), producer("nudge")
+        a.begin_transaction()
+        a.send(topics.markers, b"held", partition=0)
+        a.send(topics.markers, b"a-copy", partition=1)
+        a.flush()
+        b.begin_transaction()
+        b.send(topics.markers, b"b-copy", partition=1)
+        b.flush()
+        a.commit_transaction()
+        nudge = Redeliverer(topics.queue, topics.retry, topics.markers, lambda t, q: (0, 1))
+        assert nudge.nudge(nudger, 0, b"probe").written
+        markers, tp = reader(0)
+        read_until(markers, tp, [b"held", b"probe"])
+        b.commit_transaction()
+        copies, tp = reader(1)
+        read_until(copies, tp, [b"a-copy", b"b-copy"])
     finally:
         for client in made:
             client.close()

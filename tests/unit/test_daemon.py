@@ -20,6 +20,7 @@ import pytest
 from kafka import TopicPartition
 from kafka.errors import (
     InvalidProducerEpochError,
+    KafkaConnectionError,
     KafkaError,
     KafkaTimeoutError,
     ProducerFencedError,
@@ -185,6 +186,9 @@ class Harness:
         t._seek = set()
         t._fence_watch = FenceWatch()
         t._held = HeldWatch()
+        t._nudgers = PartitionWriters(
+            self.producers, f"{CONFIG.group_id}.nudge-00000007", CONFIG.marker_topic
+        )
         t._caught_up = threading.Event()
         t._nonce = 7
         t._topics = {0: CONFIG.queue_topic, 1: CONFIG.retry_topic}
@@ -267,37 +271,70 @@ def _held_reader(h: Harness, partition: int, position: int, highwater: int) -> N
         h.tracker._states[partition] = h.states[partition] = state
 
 
+def _held_for_a_second(h: Harness) -> None:
+    """Partition 1's reader held at 10 for a second while the high watermark grew;
+    partition 0's reader has read everything."""
+    a_second_ago = time.monotonic() - NUDGE_AFTER_S
+    h.tracker._held.observe(1, 10, 11, a_second_ago)
+    h.tracker._held.observe(0, 10, 10, a_second_ago)
+    _held_reader(h, 1, 10, 15)
+    _held_reader(h, 0, 10, 10)
+
+
 def test_a_partition_held_below_a_growing_high_watermark_is_nudged() -> None:
     h = Harness(partitions=(0, 1))
     h.claim(0, 1)
+    _held_for_a_second(h)
     t = h.tracker
-    a_second_ago = time.monotonic() - NUDGE_AFTER_S
-    t._held.observe(1, 10, 11, a_second_ago)  # held at 10 since then
-    t._held.observe(0, 10, 10, a_second_ago)  # read everything since then
-    _held_reader(h, 1, 10, 15)
-    _held_reader(h, 0, 10, 10)
     t._sync_offsets()
-    nudge = h.producers.last(1)
-    assert nudge.calls[-3:] == ["begin_transaction", "send", "commit_transaction"]
-    [sent] = nudge.sent
+    # By a producer of this replica's own, not the partition's (tracker.held says why).
+    nudger = h.producers.last(1)
+    assert nudger.transactional_id == f"{CONFIG.group_id}.nudge-00000007.{CONFIG.marker_topic}.1"
+    assert nudger.calls == ["init_transactions", "begin_transaction", "send", "commit_transaction"]
+    [sent] = nudger.sent
     assert (sent.topic, sent.partition) == (CONFIG.marker_topic, 1)
     [[entry], _] = parse(sent.value)
     assert entry[0] == MarkerType.PROBE and entry[4] == t._nonce  # read back as its probe
     assert h.states[1].stats["held_nudged"] == 1 and h.states[1].stats["probe_sent"] == 1
-    assert h.producers.last(0).sent == [] and h.states[0].stats["held_nudged"] == 0
+    own = h.writers.get(1)
+    assert own is not None and own is not nudger and own.calls == ["init_transactions"]
+    assert len(h.producers.made[0]) == 1 and h.states[0].stats["held_nudged"] == 0
 
 
-def test_a_fenced_nudge_drops_the_partition() -> None:
+def test_a_partition_not_claimed_yet_is_not_nudged() -> None:
+    h = Harness(partitions=(0, 1))
+    _held_for_a_second(h)
+    h.tracker._sync_offsets()
+    assert h.producers.made == {} and h.states[1].stats["held_nudged"] == 0
+
+
+def test_a_failed_nudge_gives_its_producer_up() -> None:
     h = Harness(partitions=(0, 1))
     h.claim(0, 1)
-    h.producers.last(1).fail = {"commit_transaction": ProducerFencedError()}
+    h.producers.fail[1] = {"commit_transaction": KafkaConnectionError("down")}
+    _held_for_a_second(h)
     t = h.tracker
-    t._held.observe(1, 10, 12, time.monotonic() - NUDGE_AFTER_S)
-    _held_reader(h, 1, 10, 13)
-    _held_reader(h, 0, 10, 10)
     t._sync_offsets()
-    assert set(t._states) == {0}
-    assert 1 in t._fence_watch.watching()
+    first = h.producers.last(1)
+    assert first.calls[-2:] == ["abort_transaction", "close"] and first.closed_with == [0.0]
+    assert t._nudgers.get(1) is None and set(t._states) == {0, 1}
+    h.producers.fail[1] = {}
+    _held_for_a_second(h)
+    t._held.nudged(1, time.monotonic() - NUDGE_AFTER_S)
+    t._sync_offsets()
+    assert h.producers.last(1) is not first and h.producers.last(1).sent
+
+
+def test_a_dropped_partition_closes_its_nudger() -> None:
+    h = Harness(partitions=(0, 1))
+    h.claim(0, 1)
+    _held_for_a_second(h)
+    t = h.tracker
+    t._sync_offsets()
+    nudger = t._nudgers.get(1)
+    assert nudger is not None
+    t._drop([1])
+    assert t._nudgers.get(1) is None and nudger.closed_with
 
 
 def test_fenced_counts_add_up_over_partitions() -> None:
