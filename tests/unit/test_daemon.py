@@ -281,12 +281,21 @@ def _held_for_a_second(h: Harness) -> None:
     _held_reader(h, 0, 10, 10)
 
 
-def test_a_partition_held_below_a_growing_high_watermark_is_nudged() -> None:
+def _held_and_synced(nudger_fails: dict[str, BaseException] | None = None) -> Harness:
+    """Both partitions claimed, partition 1 held for a second, and one turn's offsets
+    synced (where the daemon nudges)."""
     h = Harness(partitions=(0, 1))
     h.claim(0, 1)
+    if nudger_fails:
+        h.producers.fail[1] = nudger_fails  # producers built from now on: the nudger
     _held_for_a_second(h)
+    h.tracker._sync_offsets()
+    return h
+
+
+def test_a_partition_held_below_a_growing_high_watermark_is_nudged() -> None:
+    h = _held_and_synced()
     t = h.tracker
-    t._sync_offsets()
     # By a producer of this replica's own, not the partition's (tracker.held says why).
     nudger = h.producers.last(1)
     assert nudger.transactional_id == f"{CONFIG.group_id}.nudge-00000007.{CONFIG.marker_topic}.1"
@@ -309,12 +318,8 @@ def test_a_partition_not_claimed_yet_is_not_nudged() -> None:
 
 
 def test_a_failed_nudge_gives_its_producer_up() -> None:
-    h = Harness(partitions=(0, 1))
-    h.claim(0, 1)
-    h.producers.fail[1] = {"commit_transaction": KafkaConnectionError("down")}
-    _held_for_a_second(h)
+    h = _held_and_synced({"commit_transaction": KafkaConnectionError("down")})
     t = h.tracker
-    t._sync_offsets()
     first = h.producers.last(1)
     assert first.calls[-2:] == ["abort_transaction", "close"] and first.closed_with == [0.0]
     assert t._nudgers.get(1) is None and set(t._states) == {0, 1}
@@ -326,11 +331,8 @@ def test_a_failed_nudge_gives_its_producer_up() -> None:
 
 
 def test_a_dropped_partition_closes_its_nudger() -> None:
-    h = Harness(partitions=(0, 1))
-    h.claim(0, 1)
-    _held_for_a_second(h)
+    h = _held_and_synced()
     t = h.tracker
-    t._sync_offsets()
     nudger = t._nudgers.get(1)
     assert nudger is not None
     t._drop([1])
