@@ -1,10 +1,11 @@
 """Notice a markers partition whose reader is held below the high watermark, and say when
-to nudge it with a transaction of the partition's own producer.
+to nudge it: a transaction, of a producer of the replica's own, writing its PROBE to it.
 
 Why: on the embedded broker (Tansu 0.6) a transaction whose end arrives while another
-transaction that wrote to one of the same partitions is still open is only *prepared*. The
-next transaction end that overlaps it completes it, and when none comes, nothing does (that
-broker has no transaction timeout). Its records stay hidden from ``read_committed``
+transaction that wrote to one of the same partitions is still open is only *prepared*. A
+later transaction end that overlaps it completes it, but only when nothing that overlaps
+that end is open; when no such end comes, nothing completes it (that broker has no
+transaction timeout). Its records stay hidden from ``read_committed``
 readers, and so does everything written after them to its partitions: the tracker's markers
 reader stops below the high watermark, no PROBE comes back, nothing is redelivered from the
 partition, so no transaction of its producer comes to end the first. Redeliveries from

@@ -230,7 +230,7 @@ class Redeliverer:
             write()
             txn_wait.commit(txn, self._txn_timeout_s)
         except TransactionStuck as exc:
-            log.warning("%s transaction stuck (%s); claiming the partition again", what, exc)
+            log.warning("%s transaction stuck (%s); giving its producer up", what, exc)
             return RoundOutcome(False, stuck=True)
         except KafkaError as exc:
             if is_fenced(exc):
