@@ -43,7 +43,6 @@ from tracker import txn_wait
 from tracker.config import TrackerConfig
 from tracker.fencing import FenceWatch, PartitionWriters
 from tracker.health import BrokerLink, ProbeServer
-from tracker.held import HeldWatch
 from tracker.readers import LiveReaders
 from tracker.redeliver import TXN_TIMEOUT_S, Copy, Redeliverer, RoundOutcome, copy_of
 from tracker.reread import RecordReader
@@ -127,15 +126,6 @@ class Tracker:
             init=lambda producer: txn_wait.init(producer, CLAIM_WAIT_S),
         )
         self._fence_watch = FenceWatch()
-        self._held = HeldWatch()
-        self._nudgers = PartitionWriters(
-            self._transactional_producer,
-            f"{config.group_id}.nudge-{self._nonce:08x}",  # this replica's own: never fenced
-            config.marker_topic,
-            init=lambda producer: txn_wait.init(producer, CLAIM_WAIT_S),
-        )
-        """Per held markers partition, a transactional producer apart from the partition's
-        own, which writes only PROBEs (see :meth:`_nudge`)."""
         self._topics = {QUEUE_LANE: config.queue_topic, RETRY_LANE: config.retry_topic}
         self._readers = LiveReaders()
         self._redeliverer = Redeliverer(
@@ -482,8 +472,6 @@ class Tracker:
             if highwater is not None:
                 state.set_end_offset(highwater)  # the first one only: the replay gate
                 state.highwater = highwater
-            if self._held.observe(partition, position, highwater, time.monotonic()):
-                self._nudge(partition, state)
         if (
             self._states
             and not self._caught_up.is_set()
@@ -491,25 +479,6 @@ class Tracker:
         ):
             log.info("caught up on partitions %s", self.partitions())
             self._caught_up.set()
-
-    def _nudge(self, partition: int, state: PartitionState) -> None:
-        """Its reader has stayed below a growing high watermark (:mod:`tracker.held`): write
-        the partition's PROBE in a transaction of a producer of this replica's own. Not the
-        partition's producer: the embedded broker keeps one transaction per producer epoch,
-        and a new one of that producer takes the held one's partitions up again, so its end
-        waits on the same open transactions (in a full chaos run that made the stalls
-        longer). A PROBE fences nothing and changes nothing: no claim is needed."""
-        now = time.monotonic()
-        self._held.nudged(partition, now)
-        if state.probe_nonce is None or self._writers.get(partition) is None:
-            return  # not claimed yet: nothing of this replica's can be held there
-        if self._nudgers.get(partition) is None and not self._nudgers.claim(partition):
-            return  # its producer is not ready: the next nudge tries again
-        txn = self._nudgers.get(partition)
-        state.stats["held_nudged"] += 1
-        probe = encode_entries([state.probe(now)], [b""])
-        if not self._redeliverer.nudge(txn, partition, probe).written:
-            self._nudgers.release(partition, timeout_s=0.0)  # the next nudge builds another
 
     def _probe(self) -> None:
         """Where a deadline has passed by the clock but not yet by the log, write a PROBE
@@ -688,8 +657,6 @@ class Tracker:
             state.stats["fenced"] += 1
             self._retired.update(state.stats)
         self._writers.release(partition)
-        self._nudgers.release(partition)
-        self._held.forget(partition)
         self._committed.pop(partition, None)
         self._fresh.discard(partition)
         self._kept.discard(partition)
@@ -827,7 +794,6 @@ class Tracker:
             finally:
                 self._producer.close(timeout=5)
                 self._writers.close()
-                self._nudgers.close()
         log.info("stopped: %s", " ".join(f"{k}={v}" for k, v in sorted(self.stats().items())))
 
     # -- rebalance --------------------------------------------------------------------
@@ -860,12 +826,10 @@ class Tracker:
         for partition in partitions:
             self._fresh.discard(partition)
             self._reclaim.discard(partition)
-            self._held.forget(partition)
             state = self._states.pop(partition)
             self._retired.update(state.stats)
             self._committed.pop(partition, None)
             self._writers.release(partition)
-            self._nudgers.release(partition)
         self._caught_up.clear()
         self._retired["partitions_revoked"] += len(partitions)
         log.info("revoked partitions %s", sorted(partitions))

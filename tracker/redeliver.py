@@ -196,46 +196,21 @@ class Redeliverer:
     ) -> RoundOutcome:
         """Copies, their markers and the markers-offset commit that skips them: all or none."""
         futures: list[Any] = []
-
-        def write() -> None:
+        try:
+            txn.begin_transaction()
             for copy in copies:
                 futures.append(self.send_copy(txn, copy))
                 self.send_marker(txn, copy)
             if offsets:
                 txn_wait.send_offsets(txn, offsets, group_metadata, self._txn_timeout_s)
-
-        outcome = self._transaction(txn, write, "redelivery")
-        if not outcome.written:
-            return outcome
-        return RoundOutcome(
-            True,
-            placed=tuple(
-                _placed(future) if copy.dead_letter_queue is None else None
-                for copy, future in zip(copies, futures, strict=True)
-            ),
-        )
-
-    def nudge(self, txn: Any, partition: int, probe: bytes) -> RoundOutcome:
-        """One transaction of ``txn`` writing ``probe`` (a PROBE marker) to markers
-        ``partition``: it completes a transaction there the broker left prepared (see
-        :mod:`tracker.held`), and is read back as the partition's probe."""
-        return self._transaction(
-            txn, lambda: txn.send(self._marker_topic, value=probe, partition=partition), "nudge"
-        )
-
-    def _transaction(self, txn: Any, write: Callable[[], None], what: str) -> RoundOutcome:
-        """``write()`` in one transaction of ``txn``, committed; aborted if it fails."""
-        try:
-            txn.begin_transaction()
-            write()
             txn_wait.commit(txn, self._txn_timeout_s)
         except TransactionStuck as exc:
-            log.warning("%s transaction stuck (%s); giving its producer up", what, exc)
+            log.warning("redelivery transaction stuck (%s); claiming the partition again", exc)
             return RoundOutcome(False, stuck=True)
         except KafkaError as exc:
             if is_fenced(exc):
                 return RoundOutcome(False, fenced=True)
-            log.warning("%s transaction failed (%r); retrying", what, exc)
+            log.warning("redelivery transaction failed (%r); retrying", exc)
             try:
                 txn_wait.abort(txn, self._txn_timeout_s)
             except TransactionStuck:
@@ -243,7 +218,13 @@ class Redeliverer:
             except KafkaError:
                 pass
             return RoundOutcome(False)
-        return RoundOutcome(True)
+        return RoundOutcome(
+            True,
+            placed=tuple(
+                _placed(future) if copy.dead_letter_queue is None else None
+                for copy, future in zip(copies, futures, strict=True)
+            ),
+        )
 
 
 def _placed(future: Any) -> tuple[int, int] | None:

@@ -20,7 +20,6 @@ import pytest
 from kafka import TopicPartition
 from kafka.errors import (
     InvalidProducerEpochError,
-    KafkaConnectionError,
     KafkaError,
     KafkaTimeoutError,
     ProducerFencedError,
@@ -28,13 +27,12 @@ from kafka.errors import (
 from kafka.structs import ConsumerGroupMetadata, MemberState
 
 from kmq.errors import BrokerError
-from kmq.markers import QUEUE_LANE, RETRY_LANE, MarkerType, decode, encode_entries, parse
+from kmq.markers import QUEUE_LANE, RETRY_LANE, MarkerType, decode, encode_entries
 from kmq.records import delivery_key, queue_headers
 from tests.unit.kafka_stubs import StubTxnProducer
 from tracker.config import TrackerConfig
 from tracker.daemon import Tracker, markers_wait_ms
 from tracker.fencing import FenceWatch, PartitionWriters
-from tracker.held import NUDGE_AFTER_S, HeldWatch
 from tracker.readers import LiveReaders
 from tracker.redeliver import Redeliverer, copy_of
 from tracker.reread import ReadResult, Record
@@ -64,8 +62,6 @@ class StubGroupConsumer:
         self.reading: set[int] = set()
         self.commits: list[dict[int, int]] = []
         self.paused_tps: set[TopicPartition] = set()
-        self.positions: dict[int, int] = {}
-        self.highwaters: dict[int, int] = {}
 
     def group_metadata(self) -> ConsumerGroupMetadata:
         return self.metadata
@@ -94,12 +90,6 @@ class StubGroupConsumer:
 
     def pause(self, *tps: TopicPartition) -> None:
         self.paused_tps |= set(tps)
-
-    def position(self, tp: TopicPartition) -> int:
-        return self.positions[tp.partition]
-
-    def highwater(self, tp: TopicPartition) -> int | None:
-        return self.highwaters.get(tp.partition)
 
 
 
@@ -185,10 +175,6 @@ class Harness:
         t._reading = set(partitions)
         t._seek = set()
         t._fence_watch = FenceWatch()
-        t._held = HeldWatch()
-        t._nudgers = PartitionWriters(
-            self.producers, f"{CONFIG.group_id}.nudge-00000007", CONFIG.marker_topic
-        )
         t._caught_up = threading.Event()
         t._nonce = 7
         t._topics = {0: CONFIG.queue_topic, 1: CONFIG.retry_topic}
@@ -257,86 +243,6 @@ def test_a_fenced_partition_is_forgotten_even_if_its_producer_will_not_close() -
     h.tracker._redeliver()
     assert h.tracker.partitions() == [] and h.writers.claimed() == set()
     assert h.tracker.stats()["fenced"] == 1
-
-
-def _held_reader(h: Harness, partition: int, position: int, highwater: int) -> None:
-    """The markers reader stays at ``position`` while fetches report ``highwater``; the
-    partition's state writes probes, as the daemon's do."""
-    h.group.positions[partition] = position
-    h.group.highwaters[partition] = highwater
-    if h.tracker._states[partition].probe_nonce is None:
-        state = PartitionState(partition, probe_nonce=h.tracker._nonce)
-        state.set_position(position)
-        state.set_end_offset(position)
-        h.tracker._states[partition] = h.states[partition] = state
-
-
-def _held_for_a_second(h: Harness) -> None:
-    """Partition 1's reader held at 10 for a second while the high watermark grew;
-    partition 0's reader has read everything."""
-    a_second_ago = time.monotonic() - NUDGE_AFTER_S
-    h.tracker._held.observe(1, 10, 11, a_second_ago)
-    h.tracker._held.observe(0, 10, 10, a_second_ago)
-    _held_reader(h, 1, 10, 15)
-    _held_reader(h, 0, 10, 10)
-
-
-def _held_and_synced(nudger_fails: dict[str, BaseException] | None = None) -> Harness:
-    """Both partitions claimed, partition 1 held for a second, and one turn's offsets
-    synced (where the daemon nudges)."""
-    h = Harness(partitions=(0, 1))
-    h.claim(0, 1)
-    if nudger_fails:
-        h.producers.fail[1] = nudger_fails  # producers built from now on: the nudger
-    _held_for_a_second(h)
-    h.tracker._sync_offsets()
-    return h
-
-
-def test_a_partition_held_below_a_growing_high_watermark_is_nudged() -> None:
-    h = _held_and_synced()
-    t = h.tracker
-    # By a producer of this replica's own, not the partition's (tracker.held says why).
-    nudger = h.producers.last(1)
-    assert nudger.transactional_id == f"{CONFIG.group_id}.nudge-00000007.{CONFIG.marker_topic}.1"
-    assert nudger.calls == ["init_transactions", "begin_transaction", "send", "commit_transaction"]
-    [sent] = nudger.sent
-    assert (sent.topic, sent.partition) == (CONFIG.marker_topic, 1)
-    [[entry], _] = parse(sent.value)
-    assert entry[0] == MarkerType.PROBE and entry[4] == t._nonce  # read back as its probe
-    assert h.states[1].stats["held_nudged"] == 1 and h.states[1].stats["probe_sent"] == 1
-    own = h.writers.get(1)
-    assert own is not None and own is not nudger and own.calls == ["init_transactions"]
-    assert len(h.producers.made[0]) == 1 and h.states[0].stats["held_nudged"] == 0
-
-
-def test_a_partition_not_claimed_yet_is_not_nudged() -> None:
-    h = Harness(partitions=(0, 1))
-    _held_for_a_second(h)
-    h.tracker._sync_offsets()
-    assert h.producers.made == {} and h.states[1].stats["held_nudged"] == 0
-
-
-def test_a_failed_nudge_gives_its_producer_up() -> None:
-    h = _held_and_synced({"commit_transaction": KafkaConnectionError("down")})
-    t = h.tracker
-    first = h.producers.last(1)
-    assert first.calls[-2:] == ["abort_transaction", "close"] and first.closed_with == [0.0]
-    assert t._nudgers.get(1) is None and set(t._states) == {0, 1}
-    h.producers.fail[1] = {}
-    _held_for_a_second(h)
-    t._held.nudged(1, time.monotonic() - NUDGE_AFTER_S)
-    t._sync_offsets()
-    assert h.producers.last(1) is not first and h.producers.last(1).sent
-
-
-def test_a_dropped_partition_closes_its_nudger() -> None:
-    h = _held_and_synced()
-    t = h.tracker
-    nudger = t._nudgers.get(1)
-    assert nudger is not None
-    t._drop([1])
-    assert t._nudgers.get(1) is None and nudger.closed_with
 
 
 def test_fenced_counts_add_up_over_partitions() -> None:

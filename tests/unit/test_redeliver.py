@@ -462,39 +462,6 @@ def test_a_failing_abort_still_reports_a_failed_round() -> None:
     assert txn.calls[-1] == "abort_transaction"
 
 
-# -- Redeliverer.nudge: one PROBE to its own markers partition, in a transaction --------
-
-
-def test_a_nudge_writes_the_probe_to_its_partition_in_one_transaction() -> None:
-    txn = StubTxnProducer()
-    assert redeliverer().nudge(txn, 5, b"probe") == RoundOutcome(True)
-    assert txn.calls == ["begin_transaction", "send", "commit_transaction"]
-    assert [(s.topic, s.partition, s.key, s.value) for s in txn.sent] == [
-        (MARKER_TOPIC, 5, None, b"probe")
-    ]
-
-
-NUDGE_FAILURE_POINTS: dict[str, str | int] = {
-    "begin": "begin_transaction",
-    "send": 0,
-    "commit": "commit_transaction",
-}
-
-
-@pytest.mark.parametrize("point", NUDGE_FAILURE_POINTS.values(), ids=NUDGE_FAILURE_POINTS.keys())
-def test_a_fenced_nudge_reports_fenced(point: str | int) -> None:
-    txn = failing(point, ProducerFencedError())
-    assert redeliverer().nudge(txn, 5, b"probe") == RoundOutcome(False, fenced=True)
-    assert "abort_transaction" not in txn.calls
-
-
-@pytest.mark.parametrize("point", NUDGE_FAILURE_POINTS.values(), ids=NUDGE_FAILURE_POINTS.keys())
-def test_a_failed_nudge_is_aborted(point: str | int) -> None:
-    txn = failing(point, KafkaConnectionError("down"))
-    assert redeliverer().nudge(txn, 5, b"probe") == RoundOutcome(False)
-    assert txn.calls[-1] == "abort_transaction"
-
-
 def test_a_layout_that_cannot_be_read_fails_the_round() -> None:
     def no_layout(topic: str, queue: str) -> tuple[int, ...]:
         raise KafkaError(f"topic {topic} has no partitions")
