@@ -57,9 +57,6 @@ max_message_bytes; a dead letter also carries its origin and last reason as head
 only loosens kafka-python's client-side check: the broker's own limit still applies."""
 _TXN_RETRY_BACKOFF_MS = 20
 """kafka-python's wait before each transactional request it re-queues (default 100 ms)."""
-CLAIM_WAIT_S = 0.5
-"""How long one claim of a markers partition may hold up the loop; an unanswered claim goes
-on in the background and is waited on again next turn."""
 _TXN_BOOTSTRAP_MS = 1000
 """How long building a partition's transactional producer may wait for the cluster."""
 _UNREACHABLE = (KafkaConnectionError, KafkaTimeoutError, NodeNotReadyError, RequestTimedOutError)
@@ -123,7 +120,7 @@ class Tracker:
             self._transactional_producer,
             config.group_id,
             config.marker_topic,
-            init=lambda producer: txn_wait.init(producer, CLAIM_WAIT_S),
+            init=txn_wait.init,
         )
         self._fence_watch = FenceWatch()
         self._topics = {QUEUE_LANE: config.queue_topic, RETRY_LANE: config.retry_topic}
@@ -226,7 +223,7 @@ class Tracker:
             # its offsets): 200 ms of every first redelivery with the default 100.
             retry_backoff_ms=_TXN_RETRY_BACKOFF_MS,
             # How long send() may block the loop waiting for a topic's metadata (a claim's
-            # init_transactions() waits CLAIM_WAIT_S instead: tracker.txn_wait.init).
+            # init_transactions() waits fencing.CLAIM_WAIT_S instead: tracker.txn_wait.init).
             max_block_ms=int(TXN_TIMEOUT_S * 1000),
             # The constructor connects before it returns, on the loop's thread: while Kafka
             # cannot be reached, a claim gives up after this and is retried next turn
@@ -519,12 +516,15 @@ class Tracker:
             return  # copies go where the queue's layout says: know it first
         budget = self.config.max_redeliveries_per_round
         due: list[Due] = []
+        self._writers.claim_many(
+            p for p in self._states if p not in self._reclaim and self._writers.get(p) is None
+        )
         for partition, state in self._states.items():
             if len(due) >= budget:
                 break
             if partition in self._reclaim and not self._claim_again(partition, state):
                 continue
-            if self._writers.get(partition) is None and not self._writers.claim(partition):
+            if self._writers.get(partition) is None:
                 continue  # not fenced in yet: it must not redeliver from this partition
             due.extend(state.due(now, budget - len(due)))
         due = self._copy_unread_again(due, now)
@@ -846,19 +846,21 @@ class Tracker:
 
     def _take(self, partitions: list[int]) -> None:
         """Track ``partitions`` (those tracked already stay as they are)."""
+        new = []
         for partition in partitions:
             self._fence_watch.forget(partition)
-            if partition in self._states:
-                continue
+            if partition not in self._states:
+                new.append(partition)
+        # Claim them before anything else: from here on a previous owner's redeliveries
+        # from them are refused (a claim not answered now is waited for again before this
+        # replica's first redelivery from its partition).
+        self._writers.claim_many(new)
+        for partition in new:
             state = self._states[partition] = PartitionState(
                 partition,
                 default_lease_s=self.config.default_redelivery_timeout_s,
                 probe_nonce=self._nonce,
             )
-            # Claim it before anything else: from here on a previous owner's redeliveries
-            # from this partition are refused (if the broker cannot be reached now, the
-            # claim is retried before this replica's first redelivery from it).
-            self._writers.claim(partition)
             # Replay exactly from the committed offset, whatever was fetched before.
             committed = self._kc.committed(TopicPartition(self.config.marker_topic, partition))
             if committed is not None:

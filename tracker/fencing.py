@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from kafka.errors import (
@@ -30,6 +30,9 @@ from kmq.errors import BrokerError
 
 log = logging.getLogger("kmq.tracker")
 
+CLAIM_WAIT_S = 0.5
+"""How long a claim waits for the broker's answer before the caller goes on (the request
+goes on too, and a later claim waits for it again)."""
 BUILD_RETRY_S = 1.0
 """After a failed producer build, how long claims that need a new producer wait."""
 CLAIM_GIVE_UP_S = 5.0
@@ -64,11 +67,14 @@ class PartitionWriters:
         make: Callable[[str], Any],
         group_id: str,
         marker_topic: str,
-        init: Callable[[Any], None] = lambda producer: producer.init_transactions(),
+        init: Callable[[Any, float], None] = lambda producer, wait_s: producer.init_transactions(),
         clock: Callable[[], float] = time.monotonic,
+        wait_s: float = CLAIM_WAIT_S,
     ) -> None:
         self._make = make
         self._init = init
+        """``init(producer, wait_s)``: init_transactions(), waiting at most ``wait_s``."""
+        self._wait_s = wait_s
         self._clock = clock
         self._no_build_until = float("-inf")
         """After a producer could not be built (Kafka unreachable), no other partition's
@@ -76,20 +82,38 @@ class PartitionWriters:
         self._group_id = group_id
         self._marker_topic = marker_topic
         self._producers: dict[int, Any] = {}
-        self._pending: dict[int, tuple[Any, float]] = {}
-        """Claims the broker has not answered yet, with when they were sent: the next
-        claim() waits on for the same request rather than blocking the caller until it is
-        answered, up to ``CLAIM_GIVE_UP_S``."""
+        self._pending: dict[int, tuple[Any, float, bool]] = {}
+        """Claims the broker has not answered yet, with when they were sent and whether
+        that was logged: the next claim() waits on for the same request rather than
+        blocking the caller until it is answered, up to ``CLAIM_GIVE_UP_S``."""
 
     def claim(self, partition: int) -> bool:
         """Take the partition's transactional id (fencing its previous owner). False, and
-        nothing claimed, if the broker could not be reached or has not answered in the
-        time ``init`` waits: try again later (after a timeout, the same request goes on)."""
+        nothing claimed, if the broker could not be reached or has not answered within
+        ``wait_s``: try again later (after a timeout, the same request goes on)."""
+        return self._claim(partition, self._wait_s)
+
+    def claim_many(self, partitions: Iterable[int]) -> set[int]:
+        """:meth:`claim` each of ``partitions``, their requests sent together and waited
+        for within one ``wait_s`` in all, not one each: a replica taking over several
+        partitions whose claims the broker answers slowly (it first ends the previous
+        owner's transaction) is held up once. Returns the partitions claimed."""
+        todo = [p for p in dict.fromkeys(partitions) if p not in self._producers]
+        if len(todo) > 1:
+            for partition in todo:
+                self._claim(partition, 0.0, quiet=True)  # send it, then on to the next
+        deadline = self._clock() + self._wait_s
+        for partition in todo:
+            if partition not in self._producers:
+                self._claim(partition, max(0.0, deadline - self._clock()))
+        return {p for p in todo if p in self._producers}
+
+    def _claim(self, partition: int, wait_s: float, quiet: bool = False) -> bool:
         if partition in self._producers:
             return True
         txn_id = transactional_id(self._group_id, self._marker_topic, partition)
         now = self._clock()
-        producer, sent_at = self._pending.pop(partition, (None, now))
+        producer, sent_at, told = self._pending.pop(partition, (None, now, False))
         if producer is not None and now - sent_at >= CLAIM_GIVE_UP_S:
             log.warning(
                 "markers partition %d: claim of %s not answered in %.0f s: trying again "
@@ -97,20 +121,20 @@ class PartitionWriters:
             )  # fmt: skip
             with contextlib.suppress(Exception):
                 producer.close(timeout=0)
-            producer, sent_at = None, now
-        waited = producer is not None
+            producer, sent_at, told = None, now, False
         if producer is None and now < self._no_build_until:
             return False
         try:
             if producer is None:
                 producer = self._make(txn_id)
-            self._init(producer)
+            self._init(producer, wait_s)
         except KafkaTimeoutError as exc:
-            (log.debug if waited else log.warning)(
+            tell = not told and not quiet  # once per request, once it was waited for
+            (log.warning if tell else log.debug)(
                 "markers partition %d: claim of %s not answered yet (%r)", partition, txn_id, exc
             )
             if producer is not None:
-                self._pending[partition] = (producer, sent_at)
+                self._pending[partition] = (producer, sent_at, told or tell)
             return False
         except (KafkaError, BrokerError) as exc:  # BrokerError: the producer was not built
             log.warning("markers partition %d: cannot claim %s yet (%r)", partition, txn_id, exc)

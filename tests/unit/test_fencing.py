@@ -154,6 +154,88 @@ def test_a_claim_unanswered_for_long_is_given_up_for_a_new_producer() -> None:
     assert first.calls == ["init_transactions", "init_transactions", "close"]
 
 
+class SlowBroker:
+    """``init(producer, wait_s)`` against a broker that answers each producer's
+    InitProducerId ``latency_s`` after its first init sent it; the clock moves as a real
+    wait would (to the answer, or by ``wait_s`` when it comes later)."""
+
+    def __init__(self, latency_s: float) -> None:
+        self.now = 100.0
+        self.latency_s = latency_s
+        self.sent: dict[str, float] = {}
+        self.waits: list[tuple[str, float]] = []
+
+    def init(self, producer: StubTxnProducer, wait_s: float) -> None:
+        txn_id = producer.transactional_id
+        self.waits.append((txn_id, wait_s))
+        answered_at = self.sent.setdefault(txn_id, self.now) + self.latency_s
+        if answered_at <= self.now + wait_s:
+            self.now = max(self.now, answered_at)
+            return
+        self.now += wait_s
+        raise KafkaTimeoutError()
+
+    def writers(self) -> PartitionWriters:
+        return PartitionWriters(
+            Factory(), "grp", "markers", init=self.init, clock=lambda: self.now, wait_s=0.5
+        )
+
+
+@pytest.mark.parametrize(
+    ("latency_s", "first_claimed", "held_s"),
+    [
+        (0.0, {1, 2, 3}, 0.0),
+        (0.2, {1, 2, 3}, 0.2),  # one by one: 0.6 s
+        (0.5, {1, 2, 3}, 0.5),  # one by one: 1.5 s
+        (0.8, set(), 0.5),  # one by one: 1.5 s, and nothing claimed either
+    ],
+)
+def test_claim_many_waits_once_for_all_its_claims(
+    latency_s: float, first_claimed: set[int], held_s: float
+) -> None:
+    """A replica taking over several partitions sends every claim, then waits for them
+    together: the loop is held up for one claim's wait, not one per partition."""
+    broker = SlowBroker(latency_s)
+    w = broker.writers()
+    assert w.claim_many([1, 2, 3]) == first_claimed
+    assert broker.now - 100.0 == pytest.approx(held_s)
+    assert set(broker.sent) == {"grp.markers.1", "grp.markers.2", "grp.markers.3"}
+    assert {wait for _, wait in broker.waits[:3]} == {0.0}, "sent without waiting first"
+    # Unanswered ones are waited for again (the same requests) by the next call.
+    assert w.claim_many([3, 2, 1]) == {1, 2, 3} - first_claimed
+    assert w.claimed() == {1, 2, 3}
+    assert broker.now - 100.0 == pytest.approx(max(held_s, latency_s))
+
+
+def test_claim_many_of_one_partition_is_a_claim() -> None:
+    broker = SlowBroker(0.2)
+    w = broker.writers()
+    assert w.claim_many([4, 4]) == {4}
+    assert broker.waits == [("grp.markers.4", 0.5)], "no send-only pass for one claim"
+
+
+def test_claim_many_leaves_claimed_partitions_alone() -> None:
+    broker = SlowBroker(0.0)
+    w = broker.writers()
+    assert w.claim(1)
+    broker.waits.clear()
+    assert w.claim_many([1, 2]) == {2}
+    assert [txn_id for txn_id, _ in broker.waits] == ["grp.markers.2"]
+
+
+def test_an_unanswered_claim_is_logged_once_and_not_when_only_sent(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    broker = SlowBroker(10.0)
+    w = broker.writers()
+    with caplog.at_level("DEBUG", logger="kmq.tracker"):
+        w.claim_many([1, 2])
+        w.claim_many([1, 2])
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 2 and all("not answered yet" in m for m in warned), warned
+    assert {"grp.markers.1" in m for m in warned} == {True, False}
+
+
 def test_release_closes_an_unanswered_claim() -> None:
     factory = Factory()
     factory.init_fails["grp.markers.1"] = [KafkaTimeoutError()]
