@@ -516,9 +516,7 @@ class Tracker:
             return  # copies go where the queue's layout says: know it first
         budget = self.config.max_redeliveries_per_round
         due: list[Due] = []
-        self._writers.claim_many(
-            p for p in self._states if p not in self._reclaim and self._writers.get(p) is None
-        )
+        self._writers.claim_many(p for p in self._states if self._writers.get(p) is None)
         for partition, state in self._states.items():
             if len(due) >= budget:
                 break
@@ -590,14 +588,12 @@ class Tracker:
         return out
 
     def _claim_again(self, partition: int, state: PartitionState) -> bool:
-        """Claim a partition kept through a rebalance anew (whoever claimed it in between
-        is fenced), and act on none of its deadlines until a probe written after the claim
-        is read back, so every redelivery committed before the claim has been read too.
-        False: try again next round (then waiting on for the same claim, not starting
-        another)."""
-        if self._writers.get(partition) is not None:
-            self._writers.release(partition, timeout_s=0.0)
-        if not self._writers.claim(partition):
+        """Once a partition kept through a rebalance is claimed anew (its producer was let
+        go when it was assigned again, so whoever claimed it in between is fenced), act on
+        none of its deadlines until a probe written after the claim is read back, so every
+        redelivery committed before the claim has been read too. False: not claimed yet
+        (the claim goes on, and is waited for again next round)."""
+        if self._writers.get(partition) is None:
             return False
         state.regate(random.getrandbits(32))
         self._reclaim.discard(partition)
@@ -841,7 +837,10 @@ class Tracker:
         gone = sorted(p for p in kept - set(assigned) if p in self._states)
         if gone:
             self._drop(gone)
-        self._reclaim |= kept & set(assigned) & set(self._states)
+        again = kept & set(assigned) & set(self._states)
+        for partition in again:  # claimed anew before its next redelivery (_claim_again)
+            self._writers.release(partition, timeout_s=0.0)
+        self._reclaim |= again
         self._take(assigned)
 
     def _take(self, partitions: list[int]) -> None:
@@ -851,10 +850,10 @@ class Tracker:
             self._fence_watch.forget(partition)
             if partition not in self._states:
                 new.append(partition)
-        # Claim them before anything else: from here on a previous owner's redeliveries
-        # from them are refused (a claim not answered now is waited for again before this
-        # replica's first redelivery from its partition).
-        self._writers.claim_many(new)
+        # Claim them before anything else, with the kept ones to claim again (_on_assigned):
+        # from here on a previous owner's redeliveries from them are refused (a claim not
+        # answered now is waited for again before this replica's first redelivery from it).
+        self._writers.claim_many(p for p in partitions if self._writers.get(p) is None)
         for partition in new:
             state = self._states[partition] = PartitionState(
                 partition,

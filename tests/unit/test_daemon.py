@@ -32,7 +32,7 @@ from kmq.records import delivery_key, queue_headers
 from tests.unit.kafka_stubs import StubTxnProducer
 from tracker.config import TrackerConfig
 from tracker.daemon import Tracker, markers_wait_ms
-from tracker.fencing import FenceWatch, PartitionWriters
+from tracker.fencing import FenceWatch, PartitionWriters, transactional_id
 from tracker.readers import LiveReaders
 from tracker.redeliver import Redeliverer, copy_of
 from tracker.reread import ReadResult, Record
@@ -160,7 +160,11 @@ class Harness:
     def __init__(self, partitions: tuple[int, ...] = (0, 1)) -> None:
         self.producers = Producers()
         self.records = StubRecords()
-        self.writers = PartitionWriters(self.producers, CONFIG.group_id, CONFIG.marker_topic)
+        self.claim_waits: list[tuple[str, float]] = []
+        """Every claim's (transactional id, how long it may wait), in order."""
+        self.writers = PartitionWriters(
+            self.producers, CONFIG.group_id, CONFIG.marker_topic, init=self._init
+        )
         t = Tracker.__new__(Tracker)
         t.config = CONFIG
         t._states = {p: expired_state(p) for p in partitions}
@@ -193,6 +197,10 @@ class Harness:
         raw._partition_count = lambda topic: 4
         self.tracker = t
         self.states = dict(t._states)
+
+    def _init(self, producer: StubTxnProducer, wait_s: float) -> None:
+        self.claim_waits.append((producer.transactional_id, wait_s))
+        producer.init_transactions()
 
     def claim(self, *partitions: int) -> None:
         for p in partitions:
@@ -472,18 +480,40 @@ def test_a_kept_partition_that_cannot_be_claimed_again_redelivers_nothing() -> N
     h.claim(0)
     t = h.tracker
     t._on_revoked([0])
-    t._on_assigned([0])
     h.producers.fail[0] = {"init_transactions": KafkaTimeoutError("no coordinator")}
-    t._redeliver()
-    assert h.states[0].stats["redeliveries"] == 0 and t._reclaim == {0}
-    t._redeliver()  # still not answered: it waits on for the same claim
+    t._on_assigned([0])  # claimed again at once: not answered
     assert t._reclaim == {0} and len(h.producers.made[0]) == 2
+    t._redeliver()  # still not answered: it waits on for the same claim
+    assert h.states[0].stats["redeliveries"] == 0 and t._reclaim == {0}
+    assert len(h.producers.made[0]) == 2
     assert h.producers.last(0).calls == ["init_transactions"] * 2
     h.producers.fail.pop(0).clear()  # the broker answers
     t._redeliver()
     assert t._reclaim == set() and h.writers.get(0) is h.producers.last(0)
     assert len(h.producers.made[0]) == 2, "the claim that was waited on, not a new one"
     assert h.states[0].probe_needed(time.monotonic()), "and then waits for a probe"
+
+
+def test_an_assignment_claims_the_kept_and_the_new_partitions_together() -> None:
+    """Their claims are all sent before any is waited for: however many partitions an
+    assignment brings, the loop waits for their answers once (tracker.fencing)."""
+    h = Harness(partitions=(0, 1))
+    h.claim(0, 1)
+    t = h.tracker
+    t._on_revoked([0, 1])
+    for p in (0, 1, 2):
+        h.producers.fail[p] = {"init_transactions": KafkaTimeoutError("not answered yet")}
+    h.claim_waits.clear()
+    t._on_assigned([0, 1, 2])
+    assert t._reclaim == {0, 1} and h.writers.claimed() == set()
+    ids = [transactional_id(CONFIG.group_id, CONFIG.marker_topic, p) for p in (0, 1, 2)]
+    assert h.claim_waits[:3] == [(i, 0.0) for i in ids], "sent, not waited for"
+    assert [i for i, _ in h.claim_waits[3:]] == ids
+    for p in (0, 1, 2):
+        h.producers.fail.pop(p).clear()
+    t._redeliver()
+    assert h.writers.claimed() == {0, 1, 2} and t._reclaim == set()
+    assert [len(h.producers.made[p]) for p in (0, 1, 2)] == [2, 2, 1], "the same claims"
 
 
 def test_a_cooperative_revoke_gives_the_partition_up_at_once() -> None:
