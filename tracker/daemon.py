@@ -191,7 +191,7 @@ class Tracker:
             # at low load the tracker's part of a redelivery measured p50 40-46 ms at 100
             # ms, 23-28 ms at 50. But in four full chaos runs with 50 ms the markers readers
             # were held below the high watermark for over 3 s 17 to 84 times a run, against
-            # 1 to 6 in three runs with 100 (README, Under chaos, run 26): hence 100.
+            # 1 to 6 in four runs with 100 (README, Under chaos, run 26): hence 100.
             fetch_max_wait_ms=100,
         )
         opened.append(self._mc.close)
