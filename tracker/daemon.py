@@ -517,11 +517,11 @@ class Tracker:
             return  # copies go where the queue's layout says: know it first
         budget = self.config.max_redeliveries_per_round
         due: list[Due] = []
-        self._writers.claim_many(p for p in self._states if self._writers.get(p) is None)
+        self._writers.claim_many(self._states)  # those not claimed yet
         for partition, state in self._states.items():
             if len(due) >= budget:
                 break
-            if partition in self._reclaim and not self._claim_again(partition, state):
+            if partition in self._reclaim and not self._reclaimed(partition, state):
                 continue
             if self._writers.get(partition) is None:
                 continue  # not fenced in yet: it must not redeliver from this partition
@@ -588,7 +588,7 @@ class Tracker:
                 state.keep_watching(d.key, now, self.config.unread_copy_s)
         return out
 
-    def _claim_again(self, partition: int, state: PartitionState) -> bool:
+    def _reclaimed(self, partition: int, state: PartitionState) -> bool:
         """Once a partition kept through a rebalance is claimed anew (its producer was let
         go when it was assigned again, so whoever claimed it in between is fenced), act on
         none of its deadlines until a probe written after the claim is read back, so every
@@ -839,7 +839,7 @@ class Tracker:
         if gone:
             self._drop(gone)
         again = kept & set(assigned) & set(self._states)
-        for partition in again:  # claimed anew before its next redelivery (_claim_again)
+        for partition in again:  # claimed anew before its next redelivery (_reclaimed)
             self._writers.release(partition, timeout_s=0.0)
         self._reclaim |= again
         self._take(assigned)
@@ -854,7 +854,7 @@ class Tracker:
         # Claim them before anything else, with the kept ones to claim again (_on_assigned):
         # from here on a previous owner's redeliveries from them are refused (a claim not
         # answered now is waited for again before this replica's first redelivery from it).
-        self._writers.claim_many(p for p in partitions if self._writers.get(p) is None)
+        self._writers.claim_many(partitions)  # those not claimed yet
         for partition in new:
             state = self._states[partition] = PartitionState(
                 partition,

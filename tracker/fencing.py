@@ -99,6 +99,8 @@ class PartitionWriters:
         partitions whose claims the broker answers slowly (it first ends the previous
         owner's transaction) is held up once. Returns the partitions claimed."""
         todo = [p for p in dict.fromkeys(partitions) if p not in self._producers]
+        if not todo:
+            return set()
         if len(todo) > 1:
             for partition in todo:
                 self._claim(partition, 0.0, quiet=True)  # send it, then on to the next
