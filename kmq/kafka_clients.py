@@ -272,13 +272,20 @@ def client_args(
     }
 
 
+_NO_METRICS = {"metrics_enabled": False}
+"""kafka-python's own metrics (sensors recorded on every send, batch and request) stay off
+in kmq's producers and consumers: nothing in kmq reads them (kmq's metrics are its own).
+Measured on the embedded broker: a producer sending 100-byte records used 10.4 against
+12.9 µs of CPU per record (median of 4 alternated runs each)."""
+
+
 def producer(
     conn: KafkaConnection, role: str | None = None, *, explain: bool = True, **settings: Any
 ) -> KafkaProducer:
     """A KafkaProducer for ``conn``; ``settings`` (acks, idempotence...) win over defaults.
     ``explain=False``: if the cluster cannot be reached, say so without probing why (the
     probe may wait seconds more for a connection)."""
-    return _build(KafkaProducer, conn, role, settings, explain)
+    return _build(KafkaProducer, conn, role, {**_NO_METRICS, **settings}, explain)
 
 
 def consumer(conn: KafkaConnection, role: str | None = None, **settings: Any) -> KafkaConsumer:
@@ -286,7 +293,7 @@ def consumer(conn: KafkaConnection, role: str | None = None, **settings: Any) ->
     group member (``group_id``) gets :mod:`kmq.join_fix` installed first."""
     if settings.get("group_id") is not None:
         join_fix.apply()
-    client = _build(KafkaConsumer, conn, role, settings)
+    client = _build(KafkaConsumer, conn, role, {**_NO_METRICS, **settings})
     unpack.install(client)
     return client
 

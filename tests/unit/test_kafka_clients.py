@@ -237,6 +237,16 @@ def test_client_settings_win_over_the_defaults(stubs: list[tuple[str, dict[str, 
     assert (args["request_timeout_ms"], args["client_id"]) == (15000, "mine")
 
 
+def test_producers_and_consumers_keep_kafka_python_metrics_off(
+    stubs: list[tuple[str, dict[str, Any]]],
+) -> None:
+    conn = KafkaConnection("h:1")
+    kafka_clients.producer(conn, "producer")
+    kafka_clients.consumer(conn, "consumer")
+    kafka_clients.consumer(conn, "consumer", metrics_enabled=True)  # a caller may want them
+    assert [args["metrics_enabled"] for _, args in stubs] == [False, False, True]
+
+
 def test_group_consumers_get_the_join_fix(
     stubs: list[tuple[str, dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
