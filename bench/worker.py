@@ -48,6 +48,7 @@ RAW_PRODUCER_SETTINGS: JSON = {
     "acks": "all",
     "enable_idempotence": True,
     "linger_ms": 0,
+    "batch_size": 65_536,
     "max_request_size": 1_000_000,
     "request_timeout_ms": 30_000,
 }

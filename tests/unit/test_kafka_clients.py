@@ -268,8 +268,17 @@ def test_service_producer_uses_the_factory(
     assert kind == "StubProducer"
     assert args["acks"] == "all" and args["enable_idempotence"] is True
     assert args["linger_ms"] == 0 and args["max_request_size"] == 4096
+    assert args["batch_size"] == 4096  # never a batch over the limit it sends under
     assert args["client_id"] == "kmq-producer" and args["request_timeout_ms"] == 30_000
     assert args["sasl_plain_password"] == SASL_SECRET and args["ssl_password"] == SSL_SECRET
+
+
+def test_service_producer_batches_up_to_64_kb(
+    stubs: list[tuple[str, dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kmq.Service, "ensure_topics", lambda self: None)
+    kmq.Service(bootstrap_servers="h:1").kafka_producer()
+    assert stubs[0][1]["batch_size"] == 65_536
 
 
 def test_spark_settings_split_into_security_and_the_rest(pem: Path) -> None:
