@@ -28,7 +28,7 @@ batches wait for the broker, kafka-python wakes its sender thread on every send 
 partition that has more than one batch queued: with 16 KB batches of kmq's records that was
 nearly every ``send(wait=False)`` (99,000 wake-ups for 100,000 sends), and with 64 KB about a
 fifth of them. Measured on the embedded broker, 100,000 sends of 100 bytes: 31-37 against
-17-21 µs of CPU per send (4 alternated runs each); raw kafka-python, 10.0-11.1 and
+17-21 µs of CPU per send (4 alternated runs each); raw kafka-python, 9.8-11.1 and
 10.3-11.3."""
 
 
