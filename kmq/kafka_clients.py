@@ -279,6 +279,22 @@ Measured on the embedded broker: a producer sending 100-byte records used 10.4 a
 12.9 µs of CPU per record (median of 4 alternated runs each)."""
 
 
+def batch_bytes(max_message_bytes: int) -> int:
+    """The batch size per partition of a producer that writes many records at once (the
+    SDK's shared producer, the tracker's redeliveries): 64 KB (kafka-python's default is
+    16 KB), never over ``max_message_bytes``, since a batch is one message to the broker's
+    size limit.
+
+    While earlier batches wait for the broker, kafka-python wakes its sender thread on every
+    send into a partition with more than one batch queued, and the sender then sends
+    near-empty batches: with 16 KB batches of kmq's records, 99,000 wake-ups for 100,000
+    ``send(wait=False)`` calls; with 64 KB about a fifth of that. Measured on the embedded
+    broker, 100,000 sends of 100 bytes through the SDK: 31-37 against 17-21 µs of CPU per
+    send (4 alternated runs each; raw kafka-python 9.8-11.1 and 10.3-11.3); a transaction of
+    2,000 such records: 22-23 against 14-17 µs per record (3 alternated runs each)."""
+    return min(65_536, max_message_bytes)
+
+
 def producer(
     conn: KafkaConnection, role: str | None = None, *, explain: bool = True, **settings: Any
 ) -> KafkaProducer:

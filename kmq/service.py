@@ -21,16 +21,6 @@ from kmq.producer import Producer
 from kmq.topics import ensure_topics
 from kmq.validation import check_queue_id
 
-_BATCH_BYTES = 65_536
-"""The shared producer's batch size per partition (kafka-python's default: 16 KB), never over
-``max_message_bytes`` (a batch is one message to the broker's size limit). While earlier
-batches wait for the broker, kafka-python wakes its sender thread on every send into a
-partition that has more than one batch queued: with 16 KB batches of kmq's records that was
-nearly every ``send(wait=False)`` (99,000 wake-ups for 100,000 sends), and with 64 KB about a
-fifth of them. Measured on the embedded broker, 100,000 sends of 100 bytes: 31-37 against
-17-21 µs of CPU per send (4 alternated runs each); raw kafka-python, 9.8-11.1 and
-10.3-11.3."""
-
 
 class Queue:
     """A logical queue multiplexed onto the service's queue topic. Get it from
@@ -173,7 +163,7 @@ class Service:
                     acks="all",
                     enable_idempotence=True,
                     linger_ms=0,  # a waiting send() goes out at once; busy ones batch
-                    batch_size=min(_BATCH_BYTES, self.config.max_message_bytes),
+                    batch_size=kafka_clients.batch_bytes(self.config.max_message_bytes),
                     max_request_size=self.config.max_message_bytes,
                 )
             return self._producer

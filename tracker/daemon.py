@@ -235,6 +235,7 @@ class Tracker:
             acks="all",
             enable_idempotence=True,
             max_request_size=config.max_message_bytes + _DEAD_LETTER_HEADROOM_BYTES,
+            batch_size=kafka_clients.batch_bytes(config.max_message_bytes),
         )
 
     # -- control ----------------------------------------------------------------------

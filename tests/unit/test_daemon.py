@@ -26,6 +26,7 @@ from kafka.errors import (
 )
 from kafka.structs import ConsumerGroupMetadata, MemberState
 
+from kmq import kafka_clients
 from kmq.errors import BrokerError
 from kmq.markers import QUEUE_LANE, RETRY_LANE, MarkerType, decode, encode_entries
 from kmq.records import delivery_key, queue_headers
@@ -630,6 +631,17 @@ def test_a_transactional_producer_that_cannot_reach_kafka_gives_up_within_a_seco
             t._transactional_producer("grp.q.markers.0")
         took_s = time.monotonic() - began
     assert took_s < 5.0, f"the build held the loop {took_s:.1f} s"
+
+
+def test_a_transactional_producer_batches_up_to_64_kb(monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[dict[str, Any]] = []
+    monkeypatch.setattr(kafka_clients, "producer", lambda conn, role, **kw: built.append(kw))
+    t = Tracker.__new__(Tracker)
+    t.config = dataclasses.replace(CONFIG, max_message_bytes=2048)
+    t._transactional_producer("grp.q.markers.0")
+    t.config = CONFIG
+    t._transactional_producer("grp.q.markers.0")
+    assert [kw["batch_size"] for kw in built] == [2048, 65_536]
 
 
 def test_the_stats_line_says_the_slowest_turn_since_the_last_one(

@@ -273,6 +273,13 @@ def test_service_producer_uses_the_factory(
     assert args["sasl_plain_password"] == SASL_SECRET and args["ssl_password"] == SSL_SECRET
 
 
+@pytest.mark.parametrize(
+    ("limit", "batch"), [(1024, 1024), (65_535, 65_535), (65_536, 65_536), (1_000_000, 65_536)]
+)
+def test_batches_are_64_kb_or_the_message_limit(limit: int, batch: int) -> None:
+    assert kafka_clients.batch_bytes(limit) == batch
+
+
 def test_service_producer_batches_up_to_64_kb(
     stubs: list[tuple[str, dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
