@@ -62,8 +62,8 @@ def run(ctx: Context) -> JSON:
             )
     return {
         "settings": {
-            "producer": "acks=all, idempotent, linger_ms=0, batch_size 64 KB on both sides (kmq's "
-            "settings)",
+            "producer": "acks=all, idempotent, linger_ms=0, batch_size 64 KB, kafka-python's "
+            "metrics off, on both sides (kmq's settings)",
             "sync": "each send waits for the broker (future.get() / send(wait=True))",
             "sync_threads": "8 threads, each send waits for the broker; their sends share "
             "requests",

@@ -50,6 +50,7 @@ RAW_PRODUCER_SETTINGS: JSON = {
     "linger_ms": 0,
     "batch_size": 65_536,
     "max_request_size": 1_000_000,
+    "metrics_enabled": False,  # kmq's clients keep kafka-python's own metrics off too
     "request_timeout_ms": 30_000,
 }
 
@@ -226,6 +227,7 @@ def role_consume_raw(a: JSON) -> None:
                 heartbeat_interval_ms=max(100, session_ms // 4),
                 request_timeout_ms=max(30_000, session_ms + 5000),
                 fetch_max_wait_ms=100,
+                metrics_enabled=False,  # as kmq's consumers
             )
             try:
                 while not tally.done and time.monotonic() < deadline:
