@@ -81,6 +81,19 @@ def test_the_unconditional_requirements_hold_no_broker_and_no_spark() -> None:
     assert "fastapi" in extras["proxy"]
 
 
+def test_kafka_python_checksums_record_batches_in_c() -> None:
+    # kafka-python CRC-32Cs every record batch it writes and reads (check_crcs); without the
+    # crc32c package it falls back to pure Python, about 94 ns a byte (measured: a 100-byte
+    # kmq send took 31 instead of 18 µs of CPU).
+    requires = [Requirement(r) for r in importlib.metadata.requires("kmq") or []]
+    assert "crc32c" in {r.name.lower() for r in requires if r.marker is None}
+    from kafka.record import util
+
+    assert util.crc32c_c is not None
+    assert util.calc_crc32c(memoryview(b"123456789")) == 0xE3069283  # the CRC-32C check value
+    assert util.calc_crc32c.__defaults__ == (util.crc32c_c,)
+
+
 @pytest.mark.parametrize("argv", [["dev"], ["demo"]])
 def test_dev_commands_without_the_extra_say_how_to_install_it(
     argv: list[str], monkeypatch: pytest.MonkeyPatch
