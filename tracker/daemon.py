@@ -37,16 +37,17 @@ from kmq.config import COOPERATIVE
 from kmq.control import ControlWatcher
 from kmq.errors import BrokerError, ConfigError, KmqError
 from kmq.layout import holders_reads, write_partitions
-from kmq.markers import QUEUE_LANE, RETRY_LANE, Entry, encode_entries
+from kmq.markers import QUEUE_LANE, RETRY_LANE, Entry, MarkerType, encode_entries
 from kmq.records import delivery_key, split_key
 from tracker import txn_wait
 from tracker.config import TrackerConfig
 from tracker.fencing import FenceWatch, PartitionWriters
+from tracker.handover import BEACON_S, ClockBounds, beacon_text
 from tracker.health import BrokerLink, ProbeServer
 from tracker.readers import LiveReaders
 from tracker.redeliver import TXN_TIMEOUT_S, Copy, Redeliverer, RoundOutcome, copy_of
 from tracker.reread import RecordReader
-from tracker.state import Due, PartitionState
+from tracker.state import Due, PartitionState, floor_ms
 from tracker.view import TrackerView, partition_view
 
 log = logging.getLogger("kmq.tracker")
@@ -106,7 +107,10 @@ class Tracker:
         self._next_commit = 0.0
         self._next_stats = time.monotonic() + config.stats_interval_s
         self._nonce = random.getrandbits(32) or 1  # 0 marks a consumer's PROBE (kmq.consumer)
-        """Marks this replica's PROBE markers: only its own tell it how far it has read."""
+        """Marks this replica's PROBE markers: only its own tell it how far it has read.
+        Also names its clock, in its ticks and beacons (:mod:`tracker.handover`)."""
+        self._clocks = ClockBounds(self._nonce)
+        self._next_beacon = 0.0
         self._acked: dict[int, tuple[int, float]] = {}
         """Per markers partition, this replica's last PROBE the broker acknowledged: its
         offset, and when (monotonic); the next tick passes it on to a successor."""
@@ -491,6 +495,21 @@ class Tracker:
                 self._send_probe(partition, state.probe(now), b"")
             if state.tick_needed(now, tick_s):
                 self._send_probe(partition, *state.tick(now, self._acked.get(partition)))
+        if tick_s > 0 and self._states and now >= self._next_beacon:
+            self._beacon(now)
+
+    def _beacon(self, now: float) -> None:
+        """Tell every markers partition's owner what this replica's clock reads now: should
+        it take over this replica's partitions, it knows how far the two clocks are apart
+        (:class:`tracker.handover.ClockBounds`) and need not start their leases afresh."""
+        self._next_beacon = now + BEACON_S
+        self._clocks.forget_stale(now)
+        known = self._clocks.passed_on(now)
+        sent_ms = floor_ms(now)
+        for partition in range(self._partition_count(self.config.marker_topic)):
+            text = beacon_text(self._nonce, known, sent_ms, self._acked.get(partition))
+            entry: Entry = (int(MarkerType.PROBE), 0, partition, sent_ms, 0, 0, 0, len(text))
+            self._send_probe(partition, entry, text)
 
     def _send_probe(self, partition: int, entry: Entry, text: bytes) -> None:
         try:
@@ -861,6 +880,7 @@ class Tracker:
                 partition,
                 default_lease_s=self.config.default_redelivery_timeout_s,
                 probe_nonce=self._nonce,
+                clocks=self._clocks,
             )
             # Replay exactly from the committed offset, whatever was fetched before.
             committed = self._kc.committed(TopicPartition(self.config.marker_topic, partition))

@@ -22,7 +22,14 @@ from kmq.config import MAX_REDELIVERY_TIMEOUT_S
 from kmq.errors import MarkerDecodeError
 from kmq.markers import Entry, MarkerType, check_entry, parse
 from kmq.records import delivery_key, fits_key, split_key
-from tracker.handover import Handover, parse_tick, tick_text
+from tracker.handover import (
+    HANDOVER_WAIT_S,
+    ClockBounds,
+    Handover,
+    parse_beacon,
+    parse_tick,
+    tick_text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -127,9 +134,18 @@ class PartitionState:
     """
 
     def __init__(
-        self, partition: int, *, default_lease_s: float = 30.0, probe_nonce: int | None = None
+        self,
+        partition: int,
+        *,
+        default_lease_s: float = 30.0,
+        probe_nonce: int | None = None,
+        clocks: ClockBounds | None = None,
     ) -> None:
         self.partition = partition
+        self.clocks = clocks
+        """This replica's bounds on other replicas' clocks (shared by all its partitions),
+        fed by the beacons read here; its ticks name ``clocks.own``."""
+        self._last_read_at = 0.0
         self.default_lease_s = default_lease_s
         self.probe_nonce = probe_nonce
         """This tracker's own mark on the PROBE markers it writes; ``None``: no probes (a
@@ -158,7 +174,10 @@ class PartitionState:
         self._dead_letter_queues: dict[int, str] = {}  # only for STARTs naming one
         self._unread: dict[int, tuple[str, int]] = {}  # watched copies: queue, checks left
         self._handover: Handover | None = Handover()
-        """While replaying: what the predecessors' ticks say about the leases replayed."""
+        """While replaying, and for :data:`HANDOVER_WAIT_S` after: what the predecessors'
+        ticks say about the leases replayed."""
+        self._handover_until: float | None = None
+        self._clock_version = -1
         self._tick_sent_at: float | None = None
 
     # -- inputs -----------------------------------------------------------------------
@@ -205,7 +224,9 @@ class PartitionState:
         if self.position is not None and offset < self.position:
             self.stats["reread"] += 1
             return
+        replayed = self.replaying  # this record was in the partition at assignment
         self.position = offset + 1
+        self._last_read_at = now
         try:
             entries, texts = parse(value)
         except MarkerDecodeError as exc:
@@ -216,7 +237,7 @@ class PartitionState:
             self.stats["batch"] += 1
         for entry, text in zip(entries, texts, strict=True):
             if entry[0] == _PROBE:
-                self._on_probe(entry, text, now)
+                self._on_probe(entry, text, now, replayed)
                 continue
             problem = check_entry(entry)
             if problem is None and not fits_key(entry[2], entry[3]):
@@ -395,7 +416,7 @@ class PartitionState:
         an earlier one of this owner, ``acked`` = ``(offset, acknowledged at)``, was on the
         broker by then, so a successor need not start the leases before it afresh
         (:mod:`tracker.handover`). It is read back like any PROBE of this owner."""
-        text = tick_text(floor_ms(now), acked)
+        text = tick_text(floor_ms(now), acked, None if self.clocks is None else self.clocks.own)
         entry = self._probe_entry(now, text)
         self._tick_sent_at = now
         self.stats["tick_sent"] += 1
@@ -415,22 +436,49 @@ class PartitionState:
         return sent is None or now - sent >= interval_s
 
     def _take_over(self) -> None:
-        """The replay is over: bring forward the deadlines the predecessors' ticks cover."""
-        handover, self._handover = self._handover, None
+        """The replay is over: bring forward the deadlines the predecessors' ticks cover,
+        and again as beacons bring closer bounds on their clocks, for a while."""
+        handover, clocks, now = self._handover, self.clocks, self._last_read_at
         if handover is None:
             return
-        for key, deadline in handover.deadlines():
+        if self._handover_until is None:  # the replay just ended
+            self._handover_until = now + (HANDOVER_WAIT_S if clocks is not None else 0.0)
+        elif now > self._handover_until:
+            self._handover = None
+            return
+        elif clocks is None or clocks.version == self._clock_version:
+            return
+        if clocks is not None:
+            self._clock_version = clocks.version
+        if now >= self._handover_until:
+            self._handover = None
+        for key, deadline in handover.deadlines(clocks, now):
             inflight = self._inflight.get(key)
             if inflight is not None and not inflight.redelivering and deadline < inflight.deadline:
                 self._reschedule(inflight, deadline)
                 self.stats["lease_taken_over"] += 1
 
-    def _on_probe(self, entry: Entry, text: bytes, now: float) -> None:
-        if self._handover is not None and text:
+    def _on_probe(self, entry: Entry, text: bytes, now: float, replayed: bool) -> None:
+        if text and entry[4] == 0:  # no tracker's: a consumer's "still here", or a beacon
+            beacon = parse_beacon(entry[3], text)
+            if beacon is not None:
+                self.stats["beacon_read"] += 1
+                clock, known, acked = beacon
+                if not replayed:
+                    if self.clocks is not None:  # read at once: a close bound on that clock
+                        self.clocks.observe(clock, entry[3], now, known)
+                elif acked is not None and self._handover is not None:
+                    # Another replica's tick: what it wrote here before was on the broker
+                    # by then, and so was every marker before that, the predecessor's last
+                    # ones too (written after its own last tick).
+                    self.stats["tick_read"] += 1
+                    self._handover.tick(clock, acked[0], acked[1], now)
+        elif self._handover is not None and text and replayed:
             tick = parse_tick(entry[3], text)
             if tick is not None:
                 self.stats["tick_read"] += 1
-                self._handover.tick(entry[4], tick[0], tick[1], now)
+                owner = entry[4] if tick[2] is None else tick[2]
+                self._handover.tick(owner, tick[0], tick[1], now)
         if self.probe_nonce is not None and entry[4] == self.probe_nonce:
             self.stats["probe_read"] += 1
             self.horizon = max(self.horizon, entry[3] / 1000)

@@ -28,12 +28,13 @@ from kafka.structs import ConsumerGroupMetadata, MemberState
 
 from kmq import kafka_clients
 from kmq.errors import BrokerError
-from kmq.markers import QUEUE_LANE, RETRY_LANE, MarkerType, decode, encode_entries
+from kmq.markers import QUEUE_LANE, RETRY_LANE, MarkerType, decode, encode_entries, parse
 from kmq.records import delivery_key, queue_headers
 from tests.unit.kafka_stubs import StubTxnProducer
 from tracker.config import TrackerConfig
 from tracker.daemon import Tracker, markers_wait_ms
 from tracker.fencing import FenceWatch, PartitionWriters, transactional_id
+from tracker.handover import BEACON_S, ClockBounds, parse_beacon, parse_tick
 from tracker.readers import LiveReaders
 from tracker.redeliver import Redeliverer, copy_of
 from tracker.reread import ReadResult, Record
@@ -182,6 +183,8 @@ class Harness:
         t._fence_watch = FenceWatch()
         t._caught_up = threading.Event()
         t._nonce = 7
+        t._clocks = ClockBounds(t._nonce)
+        t._next_beacon = 0.0
         t._topics = {0: CONFIG.queue_topic, 1: CONFIG.retry_topic}
         t._redeliverer = Redeliverer(
             CONFIG.queue_topic,
@@ -695,3 +698,36 @@ def test_the_markers_poll_wait_is_the_earliest_of_every_partition() -> None:
     assert states[1].next_deadline() == 50.25
     assert states[1].next_deadline(after=50.25) == 50.75
     assert states[1].next_deadline(after=50.75) is None
+
+
+def test_a_replica_writes_a_beacon_to_every_markers_partition_each_second() -> None:
+    h = Harness(partitions=(0, 1))
+    t = h.tracker
+    producer = StubTxnProducer()
+    raw: Any = t
+    raw._producer = producer
+    t._acked = {}
+    t._next_beacon = time.monotonic() + 3600  # not due
+    t._probe()
+    assert producer.sent == []
+    t._next_beacon = 0.0
+    t._probe()
+    partitions = [s.partition for s in producer.sent]
+    assert len(partitions) == 4 and set(partitions) == {0, 1, 2, 3}, "all, not only its own"
+    sent = [parse(s.value) for s in producer.sent]
+    assert all(s.topic == CONFIG.marker_topic for s in producer.sent)
+    for entries, texts in sent:
+        assert len(entries) == 1 and entries[0][0] == MarkerType.PROBE and entries[0][4] == 0
+        assert parse_beacon(entries[0][3], texts[0]) == (t._nonce, {}, None)
+    assert t._next_beacon >= time.monotonic() + BEACON_S - 1.0
+    t._probe()
+    assert len(producer.sent) == 4, "the next one a second later"
+
+
+def test_a_tick_names_its_writers_clock() -> None:
+    clocks = ClockBounds(own=7)
+    state = PartitionState(0, probe_nonce=99, clocks=clocks)  # regated: nonce != clock
+    state.set_position(0)
+    state.set_end_offset(0)
+    _, text = state.tick(5.0, (3, 4.0))
+    assert parse_tick(5000, text) == (3, 4000, 7)

@@ -11,7 +11,15 @@ from kmq.markers import MarkerType, encode_entries, parse
 from kmq.records import delivery_key
 from tests.unit.test_state import LEASE_MS, LEASE_S, PARTITION, marker
 from tracker import handover
-from tracker.handover import DRIFT_MARGIN_S, ceil_ms, parse_tick, tick_text
+from tracker.handover import (
+    DRIFT_MARGIN_S,
+    ClockBounds,
+    beacon_text,
+    ceil_ms,
+    parse_beacon,
+    parse_tick,
+    tick_text,
+)
 from tracker.state import PartitionState, floor_ms
 
 S, K, E, N = MarkerType.START, MarkerType.KEEPALIVE, MarkerType.END, MarkerType.NACK
@@ -28,9 +36,9 @@ def probe_record(sent_s: float, acked: tuple[int, float] | None = None, nonce: i
                             len(text))], [text])  # fmt: skip
 
 
-def replaying(end: int) -> PartitionState:
+def replaying(end: int, clocks: ClockBounds | None = None) -> PartitionState:
     """A successor's state (no probe gate) that replays offsets 0 to ``end``."""
-    state = PartitionState(PARTITION)
+    state = PartitionState(PARTITION, clocks=clocks)
     state.set_position(0)
     state.set_end_offset(end)
     return state
@@ -42,23 +50,30 @@ def replay(state: PartitionState, records: list[bytes], now: float) -> None:
 
 
 @pytest.mark.parametrize(
-    ("sent_ms", "acked", "text", "parsed"),
+    ("sent_ms", "acked", "clock", "text", "parsed"),
     [
-        (5000, (12, 4.0), b"12 1000", (12, 4000)),
-        (5000, (12, 4.9991), b"12 0", (12, 5000)),  # ack time rounded up, never down
-        (5000, (12, 5.0004), b"", None),  # acknowledged within its own millisecond
-        (5000, (-1, 4.0), b"", None),
-        (5000, None, b"", None),
+        (5000, (12, 4.0), None, b"12 1000", (12, 4000, None)),
+        (5000, (12, 4.0), 77, b"12 1000 77", (12, 4000, 77)),
+        (5000, (12, 4.9991), None, b"12 0", (12, 5000, None)),  # ack time rounded up
+        (5000, (12, 5.0004), 77, b"", None),  # acknowledged within its own millisecond
+        (5000, (-1, 4.0), None, b"", None),
+        (5000, None, 77, b"", None),
     ],
 )
 def test_tick_text(
-    sent_ms: int, acked: tuple[int, float] | None, text: bytes, parsed: tuple[int, int] | None
+    sent_ms: int,
+    acked: tuple[int, float] | None,
+    clock: int | None,
+    text: bytes,
+    parsed: tuple[int, int, int | None] | None,
 ) -> None:
-    assert tick_text(sent_ms, acked) == text
+    assert tick_text(sent_ms, acked, clock) == text
     assert parse_tick(sent_ms, text) == parsed
 
 
-@pytest.mark.parametrize("text", [b"12", b"12 x", b"-1 3", b"1 2 3", b"12 6000", b"\xff"])
+@pytest.mark.parametrize(
+    "text", [b"12", b"12 x", b"-1 3", b"1 2 x", b"1 2 3 4", b"12 6000", b"\xff", b"clock 5"]
+)
 def test_a_text_that_is_not_a_tick_is_ignored(text: bytes) -> None:
     assert parse_tick(5000, text) is None
 
@@ -251,19 +266,12 @@ STEPS = st.lists(
 OFFSETS = st.floats(-1e5, 1e5)
 
 
-@settings(max_examples=500, deadline=None)
-@given(STEPS, OFFSETS, OFFSETS, st.floats(0, 20))
-@example(  # a START between a probe and the tick that passes its acknowledgement on
-    [("probe", 0, 0, 0), ("S", 0, 1, 0), ("tick", 0, 0, 0), ("probe", 0, 1, 0), ("tick", 1, 0, 0)],
-    0.0, 0.0, 0.0,
-)  # fmt: skip
-def test_a_lease_taken_over_never_ends_before_its_marker_was_written_plus_the_lease(
-    steps: list[tuple[str, int, float, float]], old_clock_s: float, new_clock_s: float,
-    read_after_s: float,
-) -> None:  # fmt: skip
-    """A predecessor's partition with its true append times; the successor reads it all
-    ``read_after_s`` after the last record, by a clock ``new_clock_s`` off the real one (the
-    predecessor's is ``old_clock_s`` off)."""
+def predecessor_log(
+    steps: list[tuple[str, int, float, float]], old_clock_s: float
+) -> tuple[list[bytes], list[bytes], dict[int, float], float]:
+    """A predecessor's partition built from ``steps``, by its clock ``old_clock_s`` off the
+    real one: the records, the same with every tick a plain probe, per delivery when what
+    set its deadline last was appended (real time), and when the last record was."""
     records: list[bytes] = []
     plain: list[bytes] = []  # the same log with every tick a plain probe
     acked: list[tuple[int, float]] = []  # (offset, acknowledged at: real time)
@@ -287,6 +295,23 @@ def test_a_lease_taken_over_never_ends_before_its_marker_was_written_plus_the_le
             records.append(marker(kind, (0, 1, 40 + which), after_ms=LEASE_MS))
             last[which] = t
         plain.append(records[-1])
+    return records, plain, last, t
+
+
+@settings(max_examples=500, deadline=None)
+@given(STEPS, OFFSETS, OFFSETS, st.floats(0, 20))
+@example(  # a START between a probe and the tick that passes its acknowledgement on
+    [("probe", 0, 0, 0), ("S", 0, 1, 0), ("tick", 0, 0, 0), ("probe", 0, 1, 0), ("tick", 1, 0, 0)],
+    0.0, 0.0, 0.0,
+)  # fmt: skip
+def test_a_lease_taken_over_never_ends_before_its_marker_was_written_plus_the_lease(
+    steps: list[tuple[str, int, float, float]], old_clock_s: float, new_clock_s: float,
+    read_after_s: float,
+) -> None:  # fmt: skip
+    """A predecessor's partition with its true append times; the successor reads it all
+    ``read_after_s`` after the last record, by a clock ``new_clock_s`` off the real one (the
+    predecessor's is ``old_clock_s`` off)."""
+    records, plain, last, t = predecessor_log(steps, old_clock_s)
     now = t + read_after_s + new_clock_s
     with_ticks, without = replaying(len(records)), replaying(len(plain))
     replay(with_ticks, records, now)
@@ -302,3 +327,234 @@ def test_a_lease_taken_over_never_ends_before_its_marker_was_written_plus_the_le
         assert taken <= fresh, "a tick only ever brings a deadline forward"
         # (1e-6: the float arithmetic of this test, not of the tracker)
         assert taken - new_clock_s >= appended + LEASE_S - 1e-6, "never before the lease ran out"
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    STEPS, OFFSETS, OFFSETS, st.floats(0, 20),
+    st.lists(
+        st.tuples(st.floats(-30, 30), st.floats(0, 2), st.none() | st.floats(0, 2)), max_size=4
+    ),
+    OFFSETS,
+)  # fmt: skip
+@example(  # every beacon read the instant it was sent: the bounds are exact
+    [("S", 0, 0, 0), ("probe", 0, 0, 0), ("tick", 0, 0, 0)], 100.0, 200.0, 0.0,
+    [(0.0, 0.0, None), (0.0, 0.0, 0.0)], 300.0,
+)  # fmt: skip
+def test_with_beacons_a_lease_taken_over_still_never_ends_early(
+    steps: list[tuple[str, int, float, float]], old_clock_s: float, new_clock_s: float,
+    read_after_s: float, beacons: list[tuple[float, float, float | None]],
+    third_clock_s: float,
+) -> None:  # fmt: skip
+    """As above, the successor having also read the predecessor's ``beacons``, each
+    ``(sent, read after, via)`` in real time around the last record: a beacon is read after
+    it was sent (by 0 to 2 s), directly, or (``via`` not ``None``) by a third replica whose
+    clock is ``third_clock_s`` off, which passes its bound on in its next beacon, sent
+    ``via`` later. Beacons only bring deadlines forward."""
+    records, _, last, t = predecessor_log(steps, old_clock_s)
+    now = t + read_after_s + new_clock_s
+    clocks = ClockBounds(own=1)
+    for sent, latency, via in beacons:
+        sent_real = max(0.0, t + sent)
+        if sent_real + min(old_clock_s, third_clock_s) < 0:
+            continue  # a monotonic clock never reads below 0 (floor_ms would say 0)
+        sent_ms = floor_ms(sent_real + old_clock_s)
+        if via is None:
+            read_at = sent_real + latency + new_clock_s
+            if read_at <= now:
+                clocks.observe(OLD, sent_ms, read_at)
+            continue
+        third = ClockBounds(own=9)
+        third.observe(OLD, sent_ms, sent_real + latency + third_clock_s)
+        relayed_real = sent_real + latency + via
+        text = beacon_text(9, third.passed_on(relayed_real + third_clock_s))
+        parsed = parse_beacon(floor_ms(relayed_real + third_clock_s), text)
+        assert parsed is not None
+        read_at = relayed_real + latency + new_clock_s
+        if read_at <= now:
+            clocks.observe(9, floor_ms(relayed_real + third_clock_s), read_at, parsed[1])
+    with_beacons, with_ticks = replaying(len(records), clocks), replaying(len(records))
+    replay(with_beacons, records, now)
+    replay(with_ticks, records, now)
+    with_beacons.due(float("-inf"))
+    with_ticks.due(float("-inf"))
+    for which, appended in last.items():
+        key = delivery_key(0, 1, 40 + which)
+        taken, ticked = with_beacons.deadline_of(key), with_ticks.deadline_of(key)
+        assert (taken is None) == (ticked is None)
+        if taken is None or ticked is None:
+            continue
+        assert taken <= ticked, "a beacon only ever brings a deadline forward"
+        assert taken - new_clock_s >= appended + LEASE_S - 1e-6, "never before the lease ran out"
+
+
+# -- beacons ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("clock", "known", "acked", "text", "parsed"),
+    [
+        (0, {}, None, b"clock 0", (0, {}, None)),
+        (2**32 - 1, None, None, b"clock 4294967295", (2**32 - 1, {}, None)),
+        (7, {9: 1000.2, 11: -3.0004}, None, b"clock 7 9:1000200 11:-3000",
+         (7, {9: 1000200, 11: -3000}, None)),
+        (7, {9: 1.0}, (12, 4.0), b"clock 7 12@1000 9:1000", (7, {9: 1000}, (12, 4000))),
+        (7, None, (12, 5.0004), b"clock 7", (7, {}, None)),  # acknowledged within its ms
+    ],
+)  # fmt: skip
+def test_a_beacon_names_its_clock_passes_bounds_on_rounded_up_and_may_be_a_tick(
+    clock: int,
+    known: dict[int, float] | None,
+    acked: tuple[int, float] | None,
+    text: bytes,
+    parsed: tuple[int, dict[int, int], tuple[int, int] | None],
+) -> None:
+    assert beacon_text(clock, known, 5000, acked) == text
+    assert parse_beacon(5000, text) == parsed
+
+
+@pytest.mark.parametrize("text", [b"", b"clock", b"clock ", b"clock x", b"clock -1", b"12 1000",
+                                  b"clock 99999999999", b"clocks 5", b"clock 5 6", b"clock 5 6:",
+                                  b"clock 5 6:1_0", b"clock 5 x:1", b"clock 5 6:--1",
+                                  b"clock 5 1@6000", b"clock 5 1@2@3", b"clock 5 1@2 1@3",
+                                  b"clock 5 x@1"])  # fmt: skip
+def test_a_text_that_is_not_a_beacon_names_no_clock(text: bytes) -> None:
+    assert parse_beacon(5000, text) is None
+
+
+def test_clock_bounds_keep_the_closest_recent_bound() -> None:
+    clocks = ClockBounds(own=1)
+    assert clocks.bound(1, 0.0) == 0.0, "its own clock"
+    assert clocks.bound(OLD, 0.0) is None, "no beacon read yet"
+    clocks.observe(OLD, 5_000, 1005.5)  # sent at 5.0 there, read at 1005.5 here
+    assert clocks.bound(OLD, 1006.0) == pytest.approx(1000.5)
+    clocks.observe(OLD, 6_000, 1006.2)  # read sooner after it was sent: a closer bound
+    assert clocks.bound(OLD, 1007.0) == pytest.approx(1000.2)
+    clocks.observe(OLD, 7_000, 1008.0)  # read later: the closer one stays
+    assert clocks.bound(OLD, 1008.0) == pytest.approx(1000.2)
+    later = 1006.2 + handover.CLOCK_WINDOW_S
+    assert clocks.bound(OLD, later) == pytest.approx(1000.2)
+    assert clocks.bound(OLD, later + 0.1) is None, "too old to trust the clocks' drift"
+    clocks.observe(OLD, 80_000, later + 0.1 + 1000.9 - 1000.9)  # a later, looser one
+    assert clocks.bound(OLD, later + 0.1) == pytest.approx(later + 0.1 - 80.0)
+    clocks.observe(1, 0, 5.0)
+    assert clocks.bound(1, 5.0) == 0.0, "its own beacons say nothing"
+    clocks.forget_stale(later + 0.2 + handover.CLOCK_WINDOW_S)
+    assert clocks.bound(OLD, later + 0.2 + handover.CLOCK_WINDOW_S) is None
+
+
+def beacon_record(
+    sent_s: float,
+    clock: int = OLD,
+    known: dict[int, float] | None = None,
+    acked: tuple[int, float] | None = None,
+) -> bytes:
+    text = beacon_text(clock, known, floor_ms(sent_s), acked)
+    return encode_entries([(int(MarkerType.PROBE), 0, 0, floor_ms(sent_s), 0, 0, 0,
+                            len(text))], [text])  # fmt: skip
+
+
+def test_a_successor_that_read_its_predecessors_beacons_runs_leases_from_their_marker() -> None:
+    """The predecessor's clock is 1000 s behind the successor's. Its beacons, read 0.3 s
+    after they were sent, say so; its ticks, read in the replay long after, say only that
+    it is at most 1032 s behind."""
+    clocks = ClockBounds(own=1)
+    own = PartitionState(PARTITION + 1, clocks=clocks)  # a partition it owned all along
+    own.set_position(0)
+    own.set_end_offset(0)
+    own.on_record(0, beacon_record(2.0), 1002.3)
+    assert own.stats["beacon_read"] == 1
+    records = [
+        marker(S, DELIVERY),  # 0: on the broker by 5.0 (the tick at 2 says so)
+        probe_record(4.0),  # 1
+        probe_record(5.0, acked=(1, 5.0)),  # 2
+        probe_record(9.0, acked=(2, 8.0)),  # 3: the predecessor died soon after
+    ]
+    successor = replaying(len(records), clocks)
+    replay(successor, records, 1040.0)  # taken over 31 s after the predecessor died
+    # By the ticks alone: 5.0 + (1040 - 8.0) + lease. By the beacon: 5.0 + 1000.3 + lease.
+    assert successor.next_deadline() == pytest.approx(1005.3 + LEASE_S + DRIFT_MARGIN_S)
+    assert [d.delivery for d in successor.due(1040.0)] == [DELIVERY]
+    ticks_only = replaying(len(records))
+    replay(ticks_only, records, 1040.0)
+    assert ticks_only.next_deadline() == pytest.approx(1037.0 + LEASE_S + DRIFT_MARGIN_S)
+
+
+def test_a_beacon_read_in_a_replay_is_not_used() -> None:
+    clocks = ClockBounds(own=1)
+    state = replaying(2, clocks)
+    state.on_record(0, beacon_record(2.0), 1002.3)  # read late, perhaps: says nothing
+    assert state.stats["beacon_read"] == 1 and clocks.bound(OLD, 1002.3) is None
+
+
+def test_bounds_passed_on_by_a_third_replica_count_added_to_the_bound_on_it() -> None:
+    third = 9
+    clocks = ClockBounds(own=1)
+    clocks.observe(third, 500_000, 1000.25, {OLD: 2_000, 1: -7})  # it knew OLD; and us
+    assert clocks.bound(third, 1000.25) == pytest.approx(500.25)
+    assert clocks.bound(OLD, 1000.25) == pytest.approx(502.25)
+    assert clocks.passed_on(1000.25) == {third: pytest.approx(500.25)}, "only its own"
+    clocks.observe(OLD, 499_000, 1000.3)  # read directly, closer
+    assert clocks.bound(OLD, 1000.3) == pytest.approx(501.3)
+    assert clocks.bound(1, 1000.3) == 0.0
+
+
+def test_a_successor_that_joined_after_its_predecessor_died_learns_its_clock_from_a_third() -> (
+    None
+):
+    """The predecessor (OLD, 1000 s behind) died before this replica started; the replica
+    that outlived it read its beacons and passes its bound on: this replica's replay ends
+    first, and the deadlines come forward once that beacon is read."""
+    clocks = ClockBounds(own=1)
+    records = [
+        marker(S, DELIVERY),  # 0
+        probe_record(4.0),  # 1
+        probe_record(5.0, acked=(1, 5.0)),  # 2
+        probe_record(9.0, acked=(2, 8.0)),  # 3: then it died
+    ]
+    successor = replaying(len(records), clocks)
+    replay(successor, records, 1020.0)
+    assert successor.next_deadline() == pytest.approx(1017.0 + LEASE_S + DRIFT_MARGIN_S)
+    # The third replica (9) is 500 s behind: its beacon, sent at 520.0 its time and read
+    # 0.1 s later, says OLD is at most 500.2 s behind it.
+    successor.on_record(4, beacon_record(520.0, 9, {OLD: 500.2}), 1020.1)
+    assert clocks.bound(OLD, 1020.1) == pytest.approx(1000.3)
+    assert successor.next_deadline() == pytest.approx(1005.3 + LEASE_S + DRIFT_MARGIN_S)
+    assert successor.stats["lease_taken_over"] == 2
+
+
+def test_after_the_wait_beacons_bring_no_deadline_forward() -> None:
+    clocks = ClockBounds(own=1)
+    records = [marker(S, DELIVERY), probe_record(4.0), probe_record(5.0, acked=(1, 5.0))]
+    successor = replaying(len(records), clocks)
+    replay(successor, records, 1020.0)
+    before = successor.next_deadline()
+    late = 1020.0 + handover.HANDOVER_WAIT_S + 0.1
+    successor.on_record(3, beacon_record(520.0, 9, {OLD: 500.2}), late)
+    successor.on_record(4, beacon_record(521.0, 9, {OLD: 400.0}), late + 0.1)
+    assert successor.next_deadline() == before
+
+
+def test_another_replicas_beacon_is_a_tick_for_what_came_before_it() -> None:
+    """The predecessor (OLD) wrote its last KEEPALIVE after its last tick, then died. A third
+    replica (9, 500 s behind this one) wrote a beacon there after it, saying its previous
+    beacon, which followed the KEEPALIVE, was on the broker by 21.0 on its clock: so was the
+    KEEPALIVE. This replica knows that clock from live beacons."""
+    clocks = ClockBounds(own=1)
+    clocks.observe(9, 20_000, 520.1)  # read live elsewhere: at most 500.1 s behind
+    records = [
+        marker(S, DELIVERY),  # 0
+        probe_record(4.0),  # 1
+        probe_record(5.0, acked=(1, 5.0)),  # 2: covers the START only
+        marker(K, DELIVERY),  # 3: after OLD's last tick; then OLD died
+        beacon_record(20.5, 9),  # 4: the third's beacon, acknowledged at 21.0 its time
+        beacon_record(22.0, 9, acked=(4, 21.0)),  # 5
+    ]
+    successor = replaying(len(records), clocks)
+    replay(successor, records, 530.0)
+    assert successor.stats["tick_read"] == 2
+    # The KEEPALIVE was on the broker by 21.0 + 500.1 here: its lease ends by then + lease.
+    assert successor.next_deadline() == pytest.approx(521.1 + LEASE_S + DRIFT_MARGIN_S)
+    without = replaying(len(records))
+    replay(without, records, 530.0)
+    assert without.next_deadline() == 530.0 + LEASE_S, "no live bound on 9's clock: afresh"
