@@ -117,7 +117,7 @@ from tracker.config import TrackerConfig
     default=0.25,
     help="How often an owner marks its markers partitions, so that after a fail-over its "
     "successor runs the leases it replays from when their markers were written (to within "
-    "about three of these) rather than afresh; 0: never.",
+    "about three of these) rather than afresh; 0: never (and no beacons either).",
 )
 @click.option(
     "--log-level",

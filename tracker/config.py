@@ -63,7 +63,8 @@ class TrackerConfig:
     """How often the owner of a markers partition with messages in flight writes a tick
     there: a successor (after a fail-over) then runs each lease it replays from, at most
     about three of these after, when its marker was on the broker, instead of starting it
-    afresh. 0: no ticks (a successor's leases start when it reads their markers)."""
+    afresh. 0: no ticks and no beacons (a successor's leases start when it reads their
+    markers; see :mod:`tracker.handover`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bootstrap_servers", normalize_bootstrap(self.bootstrap_servers))

@@ -285,6 +285,75 @@ def test_a_successor_runs_the_leases_it_replays_from_the_ticks_not_afresh(
             msg.ack()
 
 
+def owned(port: int) -> set[int]:
+    """The markers partitions the tracker serving ``port`` owns (its per-partition gauges)."""
+    status, body = get(port, "/metrics")
+    samples = parse_metrics(body).get("kmq_tracker_in_flight_messages", {}) if status == 200 else {}
+    return {int(dict(labels)["partition"]) for labels in samples}
+
+
+def event_count(port: int, event: str) -> float:
+    return metric_sample(port, "kmq_tracker_events_total", event=event)
+
+
+def metric_sample(port: int, name: str, **labels: str) -> float:
+    status, body = get(port, "/metrics")
+    return total(parse_metrics(body), name, **labels) if status == 200 else -1.0
+
+
+def test_a_surviving_tracker_runs_a_dead_trackers_leases_from_their_markers(
+    broker: Broker,
+    topics: Topics,
+    service: kmq.Service,
+    tracker_config: TrackerConfig,
+    children: Children,
+) -> None:
+    """A worker and one of two trackers die together. The survivor had read the dead one's
+    beacons, so it knows how far apart their clocks were: it redelivers the dead worker's
+    messages a lease after their last markers, not a lease after it took their partition
+    over (a session timeout and a group join later). The lease is long enough (20 s, kept
+    alive every 6.7 s) that every deadline comes after the take-over."""
+    lease_s = 20.0
+    config = dataclasses.replace(
+        tracker_config,
+        tick_interval_s=0.2,
+        session_timeout_ms=max(4000, tracker_config.session_timeout_ms),
+    )
+    _, t1, worker, p1 = six_jobs_half_held(broker, topics, service, config, children, 0,
+                                           lease_s=lease_s)  # fmt: skip
+    p2 = free_port()
+    t2 = children.python("tracker-2", *tracker_argv(config, p2))
+    wait_until(lambda: ready(p1) and ready(p2) and len(owned(p1)) == len(owned(p2)) == 1, 30,
+               "the two trackers to own a markers partition each")  # fmt: skip
+    seen = event_count(p2, "beacon_read")
+    wait_until(lambda: event_count(p2, "beacon_read") >= seen + 6, 10,
+               "tracker-2 to read beacons of both")  # fmt: skip
+    # The tracker to kill: the one whose partition holds more of the held messages.
+    held_on = Counter(
+        record.partition
+        for record in read_records(broker.bootstrap_servers, topics.markers)
+        for m in decode_all(record.value)
+        if m.type is MarkerType.START
+    )
+    dead, survivor = (t1, p2) if max(held_on, key=held_on.__getitem__) in owned(p1) else (t2, p1)
+    dead_partition = owned(p1 if dead is t1 else p2)
+    os.kill(worker.pid, signal.SIGKILL)
+    os.kill(dead.pid, signal.SIGKILL)
+    worker.proc.wait()
+    dead.proc.wait()
+    wait_until(lambda: redeliveries(survivor) >= 6, 3 * lease_s, "the survivor's redeliveries")
+    last, _ = held_leases_and_ticks(broker, topics)
+    late_ms = [
+        record.timestamp - (last[(m.lane, m.partition, m.offset)] + lease_s * 1000)
+        for record in read_records(broker.bootstrap_servers, topics.markers)
+        for m in decode_all(record.value)
+        if m.type is MarkerType.REDELIVERED and record.partition in dead_partition
+    ]
+    assert len(late_ms) >= 3 and all(late >= 0 for late in late_ms), late_ms  # never early
+    # Without beacons: at least a session timeout (4 s) after the last markers, less a tick.
+    assert max(late_ms) < 2500, late_ms
+
+
 def test_a_tracker_frozen_past_its_session_does_not_redeliver_on_waking(
     broker: Broker,
     topics: Topics,
