@@ -316,17 +316,26 @@ def test_a_lease_taken_over_never_ends_before_its_marker_was_written_plus_the_le
     with_ticks, without = replaying(len(records)), replaying(len(plain))
     replay(with_ticks, records, now)
     replay(without, plain, now)
-    with_ticks.due(float("-inf"))  # the replay is over: takes over what the ticks cover
-    without.due(float("-inf"))
+    assert_taken_over_no_sooner(with_ticks, without, last, new_clock_s)
+
+
+def assert_taken_over_no_sooner(
+    taken_over: PartitionState, baseline: PartitionState, last: dict[int, float], clock_s: float
+) -> None:
+    """Once both replays are over: ``taken_over`` has every deadline ``baseline`` has, none
+    later, and none before its marker was appended (``last``, real time) plus the lease, by
+    the successor's clock ``clock_s`` off the real one."""
+    taken_over.due(float("-inf"))  # the replay is over: takes over what it can
+    baseline.due(float("-inf"))
     for which, appended in last.items():
         key = delivery_key(0, 1, 40 + which)
-        taken, fresh = with_ticks.deadline_of(key), without.deadline_of(key)
-        assert (taken is None) == (fresh is None)
-        if taken is None or fresh is None:
+        taken, before = taken_over.deadline_of(key), baseline.deadline_of(key)
+        assert (taken is None) == (before is None)
+        if taken is None or before is None:
             continue
-        assert taken <= fresh, "a tick only ever brings a deadline forward"
+        assert taken <= before, "only ever brought forward"
         # (1e-6: the float arithmetic of this test, not of the tracker)
-        assert taken - new_clock_s >= appended + LEASE_S - 1e-6, "never before the lease ran out"
+        assert taken - clock_s >= appended + LEASE_S - 1e-6, "never before the lease ran out"
 
 
 @settings(max_examples=500, deadline=None)
@@ -376,16 +385,7 @@ def test_with_beacons_a_lease_taken_over_still_never_ends_early(
     with_beacons, with_ticks = replaying(len(records), clocks), replaying(len(records))
     replay(with_beacons, records, now)
     replay(with_ticks, records, now)
-    with_beacons.due(float("-inf"))
-    with_ticks.due(float("-inf"))
-    for which, appended in last.items():
-        key = delivery_key(0, 1, 40 + which)
-        taken, ticked = with_beacons.deadline_of(key), with_ticks.deadline_of(key)
-        assert (taken is None) == (ticked is None)
-        if taken is None or ticked is None:
-            continue
-        assert taken <= ticked, "a beacon only ever brings a deadline forward"
-        assert taken - new_clock_s >= appended + LEASE_S - 1e-6, "never before the lease ran out"
+    assert_taken_over_no_sooner(with_beacons, with_ticks, last, new_clock_s)
 
 
 # -- beacons ----------------------------------------------------------------------------------
