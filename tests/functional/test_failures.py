@@ -106,10 +106,11 @@ def ready(port: int) -> bool:
     return get(port, "/readyz")[0] == 200
 
 
-def metric(port: int, name: str) -> float:
-    """``name`` summed over its samples; -1 while the tracker does not serve /metrics yet."""
+def metric(port: int, name: str, **labels: str) -> float:
+    """``name`` summed over its samples with ``labels``; -1 while the tracker does not serve
+    /metrics yet."""
     status, body = get(port, "/metrics")
-    return total(parse_metrics(body), name) if status == 200 else -1.0
+    return total(parse_metrics(body), name, **labels) if status == 200 else -1.0
 
 
 def redeliveries(port: int) -> float:
@@ -293,12 +294,7 @@ def owned(port: int) -> set[int]:
 
 
 def event_count(port: int, event: str) -> float:
-    return metric_sample(port, "kmq_tracker_events_total", event=event)
-
-
-def metric_sample(port: int, name: str, **labels: str) -> float:
-    status, body = get(port, "/metrics")
-    return total(parse_metrics(body), name, **labels) if status == 200 else -1.0
+    return metric(port, "kmq_tracker_events_total", event=event)
 
 
 def test_a_surviving_tracker_runs_a_dead_trackers_leases_from_their_markers(
