@@ -101,15 +101,20 @@ def assign(
     partitions_of: Mapping[str, set[int]],
     owned: Mapping[str, Iterable[Partition]] | None = None,
     preferred: Collection[str] = (),
+    spare_readers: Collection[str] = (),
 ) -> dict[str, dict[str, list[int]]]:
     """Pure assignment. ``members``: (member id, subscribed topics, declared partitions or
     ``None`` for "all"); ``partitions_of``: what exists.
 
     A partition goes to the least loaded member that wants it; among equally loaded ones
-    ``preferred`` members (static ones) first, then the highest :func:`_weight`. Not member
-    order: every group of a process would then break its ties the same way, and the
-    member whose id sorts first (a client id, a restarted worker's new member) would win
-    every tie of every queue while an equally idle member got nothing.
+    ``preferred`` members (static ones) first, then members not in ``spare_readers``, then
+    the highest :func:`_weight`. Not member order: every group of a process would then
+    break its ties the same way, and the member whose id sorts first (a client id, a
+    restarted worker's new member) would win every tie of every queue while an equally idle
+    member got nothing. A spare's reader keeps its spare when it gets a partition (a spare
+    never moves between live members), so giving the partition to an idle member without
+    one instead keeps a spare read by an idle member, which takes the copies of a queue
+    whose owners were all killed (see :func:`assign_spares`).
 
     ``owned`` (cooperative rebalancing): what each member reads now. A partition stays with
     its owner while that owner still wants it and the counts stay within one of each other;
@@ -137,11 +142,11 @@ def assign(
             load[member_id] += 1
     for tp, candidates in sorted(wanted.items()):
         if tp not in owner:
-            chosen = _lightest(tp, candidates, load, preferred)
+            chosen = _lightest(tp, candidates, load, preferred, spare_readers)
             load[chosen] += 1
             owner[tp] = chosen
     if owned is not None:
-        _even_out(owner, wanted, load, holder, preferred)
+        _even_out(owner, wanted, load, holder, preferred, spare_readers)
     out: dict[str, dict[str, list[int]]] = {member_id: {} for member_id, _, _ in members}
     for (topic, partition), member_id in sorted(owner.items()):
         if holder.get((topic, partition), member_id) != member_id:
@@ -151,9 +156,16 @@ def assign(
 
 
 def _lightest(
-    tp: Partition, candidates: Iterable[str], load: Mapping[str, int], preferred: Collection[str]
+    tp: Partition,
+    candidates: Iterable[str],
+    load: Mapping[str, int],
+    preferred: Collection[str],
+    spare_readers: Collection[str],
 ) -> str:
-    return min(candidates, key=lambda m: (load[m], m not in preferred, -_weight(tp, m), m))
+    return min(
+        candidates,
+        key=lambda m: (load[m], m not in preferred, m in spare_readers, -_weight(tp, m), m),
+    )
 
 
 def _even_out(
@@ -162,6 +174,7 @@ def _even_out(
     load: dict[str, int],
     holder: Mapping[Partition, str],
     preferred: Collection[str],
+    spare_readers: Collection[str],
 ) -> None:
     """Move partitions from a member to a less loaded one that wants them while the two
     differ by two or more; partitions nobody holds yet move first. Each move lowers the sum
@@ -172,7 +185,7 @@ def _even_out(
         moved = False
         for tp in order:
             current = owner[tp]
-            lightest = _lightest(tp, wanted[tp], load, preferred)
+            lightest = _lightest(tp, wanted[tp], load, preferred, spare_readers)
             if load[current] - load[lightest] >= 2:
                 owner[tp] = lightest
                 load[current] -= 1
@@ -280,12 +293,13 @@ class LayoutAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
                 ]
         partitions_of = {t: set(cluster.partitions_for_topic(t) or ()) for t in topics}
         static = {m.member_id for m in members if m.group_instance_id is not None}
-        result = assign(rows, partitions_of, owned, static)
+        candidates = set() if self._spares is None else set(self._spares()[0])
+        held = [(m.member_id, decode_spares(m.metadata.user_data)) for m in ordered]
+        reading = {member_id for member_id, s in held if s and not s.isdisjoint(candidates)}
+        result = assign(rows, partitions_of, owned, static, reading)
         spares: dict[str, list[int]] = {}
         if self._spares is not None:
-            candidates = set(self._spares()[0])
             load = {m: sum(map(len, by_topic.values())) for m, by_topic in result.items()}
-            held = [(m.member_id, decode_spares(m.metadata.user_data)) for m in ordered]
             spares = assign_spares(held, load, candidates)
         return {
             member_id: ConsumerProtocolAssignment(

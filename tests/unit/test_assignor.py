@@ -443,6 +443,61 @@ def test_spares_are_never_shared_moved_or_left_unused_while_an_idle_member_waits
         assert candidates <= set(given) | claimed, "a free spare left while a member idles"
 
 
+def test_an_orphaned_partition_goes_to_an_idle_member_without_a_spare_first() -> None:
+    """The chaos run's stall: three workers, two partitions per queue, one owner killed.
+    Had its partition gone to the idle member reading a spare, that member would have kept
+    the spare while busy, leaving the third idle with none; when the other owner was then
+    killed, nobody read a spare and the copies waited 20 s for the group. Across forty
+    queues' groups (forty weights) the spare's reader never wins such a tie, and a
+    static member still wins before either."""
+    for q in range(40):
+        spare, free = f"w0.22-consumer-{q}", f"w2.13-consumer-{q}"
+        members: list[Member] = [
+            (spare, {"t"}, {"t": {2, 3}}),
+            (f"w1.24-consumer-{q}", {"t"}, {"t": {2, 3}}),
+            (free, {"t"}, {"t": {2, 3}}),
+        ]
+        owned: Owned = {f"w1.24-consumer-{q}": [("t", 3)]}
+        result = assign(members, T4, owned, spare_readers={spare})
+        assert result[free] == {"t": [2]} and result[spare] == {}, result
+        static = assign(members, T4, owned, preferred={spare}, spare_readers={spare})
+        assert static[spare] == {"t": [2]}, static
+        # Load still comes first: a spare's reader takes a partition before anyone takes two.
+        both = assign(members[:1] + members[2:], T4, {}, spare_readers={spare})
+        assert both[spare] and both[free], both
+
+
+def test_the_leader_keeps_the_spares_reader_idle() -> None:
+    """End to end through kafka-python's side: the member that says it reads a spare is
+    passed over for the orphaned partition and keeps its spare."""
+
+    def assignor(held: set[int]) -> LayoutAssignor:
+        return LayoutAssignor(
+            lambda: {"t": {0, 1}},
+            lambda: (),
+            spares=lambda: ({2, 3}, held),
+            on_spares=lambda spares: None,
+        )
+
+    leader = assignor(set())
+    decode = ConsumerProtocolSubscription.decode
+    for q in range(20):
+        spare, free, owner = f"spare-{q}", f"free-{q}", f"owner-{q}"
+        members = [
+            member(owner, decode(leader.metadata({"t"}).encode())),
+            member(spare, decode(assignor({2}).metadata({"t"}).encode())),
+            member(free, decode(assignor(set()).metadata({"t"}).encode())),
+        ]
+        members[0].metadata.owned_partitions = [
+            ConsumerProtocolSubscription.TopicPartition(topic="t", partitions=[1])
+        ]
+        result = leader.assign(Cluster({"t": {0, 1}}), members)
+        assert dict(result[free].assigned_partitions) == {"t": [0]}
+        assert dict(result[spare].assigned_partitions) == {}
+        assert decode_spares(result[spare].user_data) == {2}
+        assert decode_spares(result[free].user_data) == set()
+
+
 def test_the_leader_gives_an_idle_member_a_spare_and_it_hears_of_it() -> None:
     heard: dict[str, frozenset[int]] = {}
 
