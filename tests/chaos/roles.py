@@ -228,6 +228,9 @@ def main(argv: list[str]) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if args.role == "worker":
+        # Each group join, sync and rebalance of its consumers, with times: where a queue
+        # with no reader spent its seconds (see README, Under chaos).
+        logging.getLogger("kafka.coordinator").setLevel(logging.INFO)
         run_worker(args)
     else:
         run_producer(args)
