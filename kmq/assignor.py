@@ -114,7 +114,9 @@ def assign(
     member got nothing. A spare's reader keeps its spare when it gets a partition (a spare
     never moves between live members), so giving the partition to an idle member without
     one instead keeps a spare read by an idle member, which takes the copies of a queue
-    whose owners were all killed (see :func:`assign_spares`).
+    whose owners were all killed (see :func:`assign_spares`). This outranks spreading the
+    ties: a restarted worker, which reads no spare yet, takes what its predecessor left in
+    every queue whose idle member reads one.
 
     ``owned`` (cooperative rebalancing): what each member reads now. A partition stays with
     its owner while that owner still wants it and the counts stay within one of each other;
