@@ -48,8 +48,8 @@ class Producer:
         """``wait=False`` sends the broker never took, by message id, until flush() says so."""
         self._unswept: deque[tuple[str, Any]] = deque()
         """``wait=False`` sends in the order they were made, with their futures, until
-        :meth:`_sweep` finds them answered. An errback on every future cost about a
-        microsecond per message, a tenth of the producer's CPU."""
+        :meth:`_sweep` finds them answered. An errback on every future cost about 0.8 µs
+        per message, against 0.04 µs for this."""
         self._sweep_lock = threading.Lock()
         self._compact_at = _COMPACT_AT
         self._sends = 0
