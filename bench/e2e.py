@@ -12,8 +12,9 @@ def _counts(quick: bool) -> dict[int, int]:
     if quick:
         return {1: 6_000, 4: 6_000, 16: 3_200}
     # Long enough that each side's figure is its steady state rather than its first and last
-    # batches: at 16,000 messages over 16 queues raw was done in 0.35 s, and kmq measured
-    # 0.34-0.38x of it against 0.47-0.57x at 64,000-160,000 (bench/run_length.py).
+    # batches: at 16,000 messages over 16 queues raw was done in 0.3 s, and kmq measured
+    # 0.34-0.42x of it against 0.47-0.49x at 64,000 and 160,000 in the same runs
+    # (bench/run_length.py; bench/results/run-length-16q.md).
     return {1: 160_000, 4: 160_000, 16: 160_000}
 
 
