@@ -43,9 +43,9 @@ class Producer:
         self._rr = itertools.count(random.randrange(1 << 16))
         self._kp: Any = None
         self._metrics = metrics.for_queue(self._service.config.metrics, queue.id)
-        self._failed_lock = threading.Lock()
         self._failed: dict[str, BaseException] = {}
-        """``wait=False`` sends the broker never took, by message id, until flush() says so."""
+        """``wait=False`` sends the broker never took, by message id, until flush() says so
+        (only a sweep, under ``_sweep_lock``, touches it)."""
         self._unswept: deque[tuple[str, Any]] = deque()
         """``wait=False`` sends in the order they were made, with their futures, until
         :meth:`_sweep` finds them answered. An errback on every future cost about 0.8 µs
@@ -147,7 +147,7 @@ class Producer:
             raise BrokerError(f"send to queue {self._queue.id!r} failed: {exc}") from exc
         return future
 
-    def _sweep(self, everything: bool = False) -> None:
+    def _sweep(self, everything: bool = False) -> dict[str, BaseException]:
         """Forget the ``wait=False`` sends the broker has answered, keeping the failed ones
         for :meth:`flush`. Records are answered about in the order they were sent, so
         this mostly pops answered ones off the front, up to the first still unanswered:
@@ -155,9 +155,10 @@ class Producer:
         gone, for up to the delivery timeout), all are looked at once they have doubled,
         so answered ones are not kept: still constant work per send. One thread sweeps
         at a time: another finding it busy goes on, unless ``everything`` (all are
-        looked at; :meth:`flush` waits for that)."""
+        looked at; :meth:`flush` waits for that, and gets the failures found since the last
+        such sweep)."""
         if not self._sweep_lock.acquire(blocking=everything):
-            return
+            return {}
         try:
             unswept = self._unswept  # other threads append on the right meanwhile
             while unswept and unswept[0][1].is_done:
@@ -170,13 +171,16 @@ class Producer:
                     else:
                         unswept.append(item)
                 self._compact_at = max(_COMPACT_AT, 2 * len(unswept))
+            if everything:
+                failed, self._failed = self._failed, {}
+                return failed
+            return {}
         finally:
             self._sweep_lock.release()
 
     def _settled(self, message_id: str, future: Any) -> None:
         if future.exception is not None:
-            with self._failed_lock:
-                self._failed[message_id] = future.exception
+            self._failed[message_id] = future.exception
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Block until every message sent with ``wait=False`` has reached the broker.
@@ -187,9 +191,7 @@ class Producer:
             self._service.kafka_producer().flush(timeout=timeout_s)
         except KafkaError as exc:
             raise BrokerError(f"flush failed: {exc}") from exc
-        self._sweep(everything=True)  # every send made before the flush is answered now
-        with self._failed_lock:
-            failed, self._failed = self._failed, {}
+        failed = self._sweep(everything=True)  # every send before the flush is answered now
         if failed:
             raise SendFailedError(self._queue.id, failed)
 
