@@ -3,7 +3,7 @@ end-to-end run at several message counts, raw and kmq interleaved on one embedde
 to see how much of a figure is the run's start and end rather than its steady state.
 
 It is how the full run's counts were chosen (bench/README.md): at 16,000 messages over 16
-queues raw kafka-python was done in about 0.35 s, and both sides' figures were mostly
+queues raw kafka-python was done in about 0.3 s, and both sides' figures were mostly
 their first and last batches.
 """
 
