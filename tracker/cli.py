@@ -120,6 +120,16 @@ from tracker.config import TrackerConfig
     "about three of these) rather than afresh; 0: never (and no beacons either).",
 )
 @click.option(
+    "--adopt-after-s",
+    envvar="KMQ_ADOPT_AFTER_S",
+    show_envvar=True,
+    type=float,
+    default=2.0,
+    help="Take up a markers partition whose owner's beacons have not been read for this "
+    "long, until the group's next assignment, rather than wait out the owner's session "
+    "and a rebalance (the claim fences the owner); 0: never.",
+)
+@click.option(
     "--log-level",
     envvar="KMQ_LOG_LEVEL",
     show_envvar=True,
@@ -154,6 +164,7 @@ def main(
     liveness_timeout_s: float,
     unread_copy_s: float,
     tick_interval_s: float,
+    adopt_after_s: float,
     log_level: str,
     log_format: str,
     security: KafkaSecurity,
@@ -180,6 +191,7 @@ def main(
             liveness_timeout_s=liveness_timeout_s,
             unread_copy_s=unread_copy_s,
             tick_interval_s=tick_interval_s,
+            adopt_after_s=adopt_after_s,
         )
     except KmqError as exc:
         raise click.UsageError(str(exc)) from exc

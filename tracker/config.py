@@ -16,6 +16,7 @@ from kmq.config import (
 )
 from kmq.errors import ConfigError
 from kmq.kafka_clients import PLAINTEXT, KafkaConnection, KafkaSecurity
+from tracker.handover import BEACON_S
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,12 @@ class TrackerConfig:
     about three of these after, when its marker was on the broker, instead of starting it
     afresh. 0: no ticks and no beacons (a successor's leases start when it reads their
     markers; see :mod:`tracker.handover`)."""
+    adopt_after_s: float = 2.0
+    """A markers partition whose owner's beacons have not been read for this long (while
+    this replica's own come back) is taken up here until the group's next assignment: its
+    leases are redelivered without waiting out the owner's session and a rebalance. The
+    claim fences the owner, should it only have been frozen (:mod:`tracker.orphans`).
+    0: never; needs ticks (``tick_interval_s``), whose beacons say who holds what."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bootstrap_servers", normalize_bootstrap(self.bootstrap_servers))
@@ -104,6 +111,13 @@ class TrackerConfig:
             check_seconds(self.unread_copy_s, "unread_copy_s (or 0: off)", maximum=3600)
         if isinstance(self.tick_interval_s, bool) or self.tick_interval_s != 0:
             check_seconds(self.tick_interval_s, "tick_interval_s (or 0: off)", maximum=3600)
+        if isinstance(self.adopt_after_s, bool) or self.adopt_after_s != 0:
+            check_seconds(self.adopt_after_s, "adopt_after_s (or 0: off)", maximum=3600)
+            if self.adopt_after_s < 2 * BEACON_S:
+                raise ConfigError(
+                    f"adopt_after_s must be 0 (off) or at least {2 * BEACON_S:g} (two "
+                    f"beacons), got {self.adopt_after_s!r}"
+                )
 
     @property
     def connection(self) -> KafkaConnection:

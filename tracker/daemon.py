@@ -44,6 +44,7 @@ from tracker.config import TrackerConfig
 from tracker.fencing import FenceWatch, PartitionWriters
 from tracker.handover import BEACON_S, ClockBounds, beacon_text
 from tracker.health import BrokerLink, ProbeServer
+from tracker.orphans import OwnerWatch, owns_text
 from tracker.readers import LiveReaders
 from tracker.redeliver import TXN_TIMEOUT_S, Copy, Redeliverer, RoundOutcome, copy_of
 from tracker.reread import RecordReader
@@ -110,6 +111,9 @@ class Tracker:
         """Marks this replica's PROBE markers: only its own tell it how far it has read.
         Also names its clock, in its ticks and beacons (:mod:`tracker.handover`)."""
         self._clocks = ClockBounds(self._nonce)
+        self._owners = (
+            OwnerWatch(self._nonce, config.adopt_after_s) if config.adopt_after_s else None
+        )
         self._next_beacon = 0.0
         self._acked: dict[int, tuple[int, float]] = {}
         """Per markers partition, this replica's last PROBE the broker acknowledged: its
@@ -126,7 +130,7 @@ class Tracker:
             config.marker_topic,
             init=txn_wait.init,
         )
-        self._fence_watch = FenceWatch()
+        self._fence_watch = FenceWatch(settle_s=config.session_timeout_ms / 1000)
         self._topics = {QUEUE_LANE: config.queue_topic, RETRY_LANE: config.retry_topic}
         self._readers = LiveReaders()
         self._redeliverer = Redeliverer(
@@ -429,6 +433,7 @@ class Tracker:
                 if record.headers:
                     readers.note(record.headers, now)
         self._sync_offsets()
+        self._adopt()
         self._probe()
         began = time.monotonic()
         self._redeliver()
@@ -504,18 +509,53 @@ class Tracker:
         (:class:`tracker.handover.ClockBounds`) and need not start their leases afresh."""
         self._next_beacon = now + BEACON_S
         self._clocks.forget_stale(now)
+        if self._owners is not None:
+            self._owners.forget_stale(now)
         known = self._clocks.passed_on(now)
         sent_ms = floor_ms(now)
+        # Next to each beacon, in the same record, what this replica holds: should it fall
+        # silent, another can take those up (tracker.orphans). A replica before that reads
+        # the second entry as a PROBE it does not know, and passes over it.
+        owns = owns_text(self._nonce, self._states)
+        probe = int(MarkerType.PROBE)
         for partition in range(self._partition_count(self.config.marker_topic)):
             text = beacon_text(self._nonce, known, sent_ms, self._acked.get(partition))
-            entry: Entry = (int(MarkerType.PROBE), 0, partition, sent_ms, 0, 0, 0, len(text))
-            self._send_probe(partition, entry, text)
+            entries: list[Entry] = [
+                (probe, 0, partition, sent_ms, 0, 0, 0, len(text)),
+                (probe, 0, partition, sent_ms, 0, 0, 0, len(owns)),
+            ]
+            self._send_probe(partition, entries, [text, owns])
 
-    def _send_probe(self, partition: int, entry: Entry, text: bytes) -> None:
+    def _adopt(self) -> None:
+        """Take up the markers partitions whose owner has fallen silent (see
+        :mod:`tracker.orphans`), until the group's next assignment says who keeps them:
+        held as those an eager rebalance keeps are, claimed (which fences the owner, should
+        it wake), replayed, probed, redelivered from, never committed."""
+        owners = self._owners
+        if owners is None or not self._states:
+            return
+        orphans = owners.orphans(time.monotonic(), self._states)
+        if not orphans:
+            return
+        log.warning(
+            "markers partitions %s: no beacon of their owner read for %.1f s; taking them "
+            "up until the group's next assignment",
+            orphans,
+            owners.silence_s,
+        )
+        self._retired["partitions_adopted"] += len(orphans)
+        self._kept.update(orphans)
+        self._take(orphans, adopted=True)
+
+    def _send_probe(
+        self, partition: int, entry: Entry | list[Entry], text: bytes | list[bytes]
+    ) -> None:
+        entries = entry if isinstance(entry, list) else [entry]
+        texts = text if isinstance(text, list) else [text]
         try:
             future = self._producer.send(
                 self.config.marker_topic,
-                value=encode_entries([entry], [text]),
+                value=encode_entries(entries, texts),
                 partition=partition,
             )
         except KafkaError as exc:
@@ -678,7 +718,9 @@ class Tracker:
         self._fresh.discard(partition)
         self._kept.discard(partition)
         self._reclaim.discard(partition)
-        self._fence_watch.fenced(partition, self._kc.group_metadata().generation_id)
+        self._fence_watch.fenced(
+            partition, self._kc.group_metadata().generation_id, time.monotonic()
+        )
 
     def _retake_fenced(self) -> None:
         """Take up again the fenced partitions the group has since given back to this
@@ -689,7 +731,10 @@ class Tracker:
         topic = self.config.marker_topic
         assigned = {tp.partition for tp in self._kc.assignment() if tp.topic == topic}
         back = self._fence_watch.retake(
-            assigned, meta.generation_id, meta.state == MemberState.STABLE
+            assigned,
+            meta.generation_id,
+            meta.state == MemberState.STABLE and self._link.up,
+            time.monotonic(),
         )
         if not back:
             return
@@ -864,8 +909,9 @@ class Tracker:
         self._reclaim |= again
         self._take(assigned)
 
-    def _take(self, partitions: list[int]) -> None:
-        """Track ``partitions`` (those tracked already stay as they are)."""
+    def _take(self, partitions: list[int], adopted: bool = False) -> None:
+        """Track ``partitions`` (those tracked already stay as they are); ``adopted``: from
+        a silent owner, not assigned by the group."""
         new = []
         for partition in partitions:
             self._fence_watch.forget(partition)
@@ -881,6 +927,7 @@ class Tracker:
                 default_lease_s=self.config.default_redelivery_timeout_s,
                 probe_nonce=self._nonce,
                 clocks=self._clocks,
+                owners=self._owners,
             )
             # Replay exactly from the committed offset, whatever was fetched before.
             committed = self._kc.committed(TopicPartition(self.config.marker_topic, partition))
@@ -889,7 +936,11 @@ class Tracker:
             self._fresh.add(partition)
             self._seek.add(partition)
         self._caught_up.clear()
-        log.info("assigned partitions %s", self.partitions())
+        self._next_beacon = 0.0  # say so at once: others adopt what nobody names
+        if adopted:
+            log.info("adopted partitions %s; now tracking %s", sorted(new), self.partitions())
+        else:
+            log.info("assigned partitions %s", self.partitions())
 
 
 def _cause(exc: KafkaError) -> str:

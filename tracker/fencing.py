@@ -177,33 +177,52 @@ class FenceWatch:
     rebalancing a member is told nothing about a partition it keeps, so nobody would track
     it again. :meth:`retake` names the partitions the group still gives this replica in a
     generation later than the fence, seen on two rounds in a row (kafka-python marks the
-    member stable a moment before it applies the new assignment). Pure: no I/O.
+    member stable a moment before it applies the new assignment).
+
+    A claim can also come from a replica that took the partition up while this one was
+    silent (frozen a few seconds, say; :mod:`tracker.orphans`), in the same generation. If
+    this one was a real zombie, its generation is gone and its next heartbeat says so:
+    within a session it rejoins, and the generation moves on. So a partition the group
+    still gives it, the member stable throughout, in the generation of the fence
+    ``settle_s`` (the session) after it, is taken up again too. Pure: no I/O.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, settle_s: float = float("inf")) -> None:
+        self.settle_s = settle_s
         self._fenced: dict[int, int] = {}  # partition -> generation when it was fenced
         self._seen: dict[int, int] = {}  # partition -> a later generation, seen once
+        self._since: dict[int, float] = {}  # partition -> stable in that generation since
 
-    def fenced(self, partition: int, generation: int) -> None:
+    def fenced(self, partition: int, generation: int, now: float = 0.0) -> None:
         self._fenced[partition] = generation
         self._seen.pop(partition, None)
+        self._since[partition] = now
 
     def forget(self, partition: int) -> None:
         """The group assigned the partition afresh (the listener said so)."""
         self._fenced.pop(partition, None)
         self._seen.pop(partition, None)
+        self._since.pop(partition, None)
 
     def watching(self) -> set[int]:
         return set(self._fenced)
 
-    def retake(self, assigned: set[int], generation: int, stable: bool) -> list[int]:
+    def retake(
+        self, assigned: set[int], generation: int, stable: bool, now: float = 0.0
+    ) -> list[int]:
         """The fenced partitions to take up again now (each once)."""
         back: list[int] = []
         for partition, at in list(self._fenced.items()):
             if partition not in assigned:
                 self.forget(partition)  # the group has moved it; an assignment will say
-            elif not stable or generation <= at:
+            elif not stable or generation < at:
                 self._seen.pop(partition, None)
+                self._since[partition] = now  # the same generation must settle afresh
+            elif generation == at:
+                self._seen.pop(partition, None)
+                if now - self._since[partition] >= self.settle_s:
+                    self.forget(partition)
+                    back.append(partition)
             elif self._seen.get(partition) == generation:
                 self.forget(partition)
                 back.append(partition)

@@ -30,6 +30,7 @@ from tracker.handover import (
     parse_tick,
     tick_text,
 )
+from tracker.orphans import OwnerWatch, parse_owns
 
 log = logging.getLogger(__name__)
 
@@ -140,11 +141,15 @@ class PartitionState:
         default_lease_s: float = 30.0,
         probe_nonce: int | None = None,
         clocks: ClockBounds | None = None,
+        owners: OwnerWatch | None = None,
     ) -> None:
         self.partition = partition
         self.clocks = clocks
         """This replica's bounds on other replicas' clocks (shared by all its partitions),
         fed by the beacons read here; its ticks name ``clocks.own``."""
+        self.owners = owners
+        """Who holds which markers partition (shared by all its partitions), fed by the
+        *owns* entries read here live (:mod:`tracker.orphans`)."""
         self._last_read_at = 0.0
         self.default_lease_s = default_lease_s
         self.probe_nonce = probe_nonce
@@ -473,6 +478,11 @@ class PartitionState:
                     # ones too (written after its own last tick).
                     self.stats["tick_read"] += 1
                     self._handover.tick(clock, acked[0], acked[1], now)
+            elif self.owners is not None and not replayed:
+                owns = parse_owns(text)
+                if owns is not None:
+                    self.stats["owns_read"] += 1
+                    self.owners.heard(owns[0], owns[1], entry[3] / 1000, now)
         elif self._handover is not None and text and replayed:
             tick = parse_tick(entry[3], text)
             if tick is not None:

@@ -215,6 +215,7 @@ def tracker_argv(config: TrackerConfig, metrics_port: int = 0) -> list[str]:
         "--rebalance", config.rebalance,
         "--stats-interval-s", "1",
         "--tick-interval-s", str(config.tick_interval_s),
+        "--adopt-after-s", str(config.adopt_after_s),
         "--metrics-port", str(metrics_port),
     ]  # fmt: skip
 

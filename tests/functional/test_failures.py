@@ -350,6 +350,62 @@ def test_a_surviving_tracker_runs_a_dead_trackers_leases_from_their_markers(
     assert max(late_ms) < 2500, late_ms
 
 
+def test_a_killed_trackers_partitions_are_adopted_long_before_its_session_ends(
+    broker: Broker,
+    topics: Topics,
+    service: kmq.Service,
+    tracker_config: TrackerConfig,
+    children: Children,
+) -> None:
+    """A worker and one of two trackers die together, the trackers' session being 15 s: the
+    group would move the dead one's markers partition only after that. The survivor reads
+    no beacon of it for ``adopt_after_s`` (2 s), takes the partition up itself and
+    redelivers its leases within seconds, never before they ran out, each once."""
+    config = dataclasses.replace(
+        tracker_config, tick_interval_s=0.2, session_timeout_ms=15_000, adopt_after_s=2.0
+    )
+    sent, t1, worker, p1 = six_jobs_half_held(broker, topics, service, config, children, 0)
+    p2 = free_port()
+    t2 = children.python("tracker-2", *tracker_argv(config, p2))
+    wait_until(lambda: ready(p1) and ready(p2) and len(owned(p1)) == len(owned(p2)) == 1, 60,
+               "the two trackers to own a markers partition each")  # fmt: skip
+    seen = event_count(p2, "owns_read"), event_count(p1, "owns_read")
+    wait_until(lambda: event_count(p2, "owns_read") >= seen[0] + 4
+               and event_count(p1, "owns_read") >= seen[1] + 4, 10,
+               "each tracker to read who holds what")  # fmt: skip
+    held_on = Counter(
+        record.partition
+        for record in read_records(broker.bootstrap_servers, topics.markers)
+        for m in decode_all(record.value)
+        if m.type is MarkerType.START
+    )
+    dead, survivor = (t1, p2) if max(held_on, key=held_on.__getitem__) in owned(p1) else (t2, p1)
+    dead_partitions = owned(p1 if dead is t1 else p2)
+    os.kill(worker.pid, signal.SIGKILL)
+    os.kill(dead.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    worker.proc.wait()
+    dead.proc.wait()
+    wait_until(lambda: redeliveries(survivor) >= 6, 12, "the survivor's redeliveries")
+    # Adoption (2-3 s of silence, a claim, a replay and a probe; about 3 s here), not the
+    # 15 s session: the group has not moved the partition yet.
+    assert time.monotonic() - killed < 8
+    assert event_count(survivor, "partitions_adopted") == len(dead_partitions) == 1
+    assert owned(survivor) == {0, 1}
+    last, _ = held_leases_and_ticks(broker, topics)
+    late_ms = [
+        record.timestamp - (last[(m.lane, m.partition, m.offset)] + REDELIVERY_TIMEOUT_S * 1000)
+        for record in read_records(broker.bootstrap_servers, topics.markers)
+        for m in decode_all(record.value)
+        if m.type is MarkerType.REDELIVERED and record.partition in dead_partitions
+    ]
+    assert len(late_ms) >= 3 and all(late >= 0 for late in late_ms), late_ms  # never early
+    copies = Counter(
+        message_id for message_id, attempt in queue_records(broker, topics.retry) if attempt > 1
+    )
+    assert copies == Counter(sent), "each lease redelivered exactly once"
+
+
 def test_a_tracker_frozen_past_its_session_does_not_redeliver_on_waking(
     broker: Broker,
     topics: Topics,

@@ -217,7 +217,14 @@ BAD_TRACKER = [
     ("max_message_bytes", 1023),
     ("max_message_bytes", True),
     *[("unread_copy_s", v) for v in (-1, math.nan, 3601, "2", True, False)],
+    *[("adopt_after_s", v) for v in (-1, math.nan, 3601, "2", True, False, 1.0, 1.999)],
 ]
+
+
+def test_adoption_may_be_turned_off_and_waits_two_beacons_at_least() -> None:
+    assert TrackerConfig(bootstrap_servers=BOOTSTRAP).adopt_after_s == 2.0
+    assert TrackerConfig(bootstrap_servers=BOOTSTRAP, adopt_after_s=0).adopt_after_s == 0
+    assert TrackerConfig(bootstrap_servers=BOOTSTRAP, adopt_after_s=2).adopt_after_s == 2
 
 
 def test_unread_copies_may_be_left_unwatched() -> None:

@@ -35,6 +35,8 @@ from tracker.config import TrackerConfig
 from tracker.daemon import Tracker, markers_wait_ms
 from tracker.fencing import FenceWatch, PartitionWriters, transactional_id
 from tracker.handover import BEACON_S, ClockBounds, parse_beacon, parse_tick
+from tracker.health import BrokerLink
+from tracker.orphans import OwnerWatch, parse_owns
 from tracker.readers import LiveReaders
 from tracker.redeliver import Redeliverer, copy_of
 from tracker.reread import ReadResult, Record
@@ -184,6 +186,9 @@ class Harness:
         t._caught_up = threading.Event()
         t._nonce = 7
         t._clocks = ClockBounds(t._nonce)
+        t._owners = OwnerWatch(t._nonce, CONFIG.adopt_after_s)
+        t._link = BrokerLink(CONFIG.bootstrap_servers, 3.0)
+        t._link.connected(0.0)
         t._next_beacon = 0.0
         t._topics = {0: CONFIG.queue_topic, 1: CONFIG.retry_topic}
         t._redeliverer = Redeliverer(
@@ -717,8 +722,10 @@ def test_a_replica_writes_a_beacon_to_every_markers_partition_each_second() -> N
     sent = [parse(s.value) for s in producer.sent]
     assert all(s.topic == CONFIG.marker_topic for s in producer.sent)
     for entries, texts in sent:
-        assert len(entries) == 1 and entries[0][0] == MarkerType.PROBE and entries[0][4] == 0
+        assert len(entries) == 2
+        assert all(e[0] == MarkerType.PROBE and e[4] == 0 for e in entries)
         assert parse_beacon(entries[0][3], texts[0]) == (t._nonce, {}, None)
+        assert parse_owns(texts[1]) == (t._nonce, frozenset({0, 1})), "what it holds"
     assert t._next_beacon >= time.monotonic() + BEACON_S - 1.0
     t._probe()
     assert len(producer.sent) == 4, "the next one a second later"
@@ -731,3 +738,31 @@ def test_a_tick_names_its_writers_clock() -> None:
     state.set_end_offset(0)
     _, text = state.tick(5.0, (3, 4.0))
     assert parse_tick(5000, text) == (3, 4000, 7)
+
+
+def test_a_silent_owners_partition_is_adopted_claimed_and_left_at_the_next_assignment() -> None:
+    h = Harness(partitions=(0, 1))
+    t = h.tracker
+    h.claim(0, 1)
+    watch = t._owners
+    assert watch is not None
+    now = time.monotonic()
+    watch.heard(99, frozenset({2}), 0.0, now - 5.0)  # a replica silent since
+    watch.heard(88, frozenset({3}), 0.0, now - 0.5)  # a live one
+    t._adopt()
+    assert t.partitions() == [0, 1], "its own beacons not read back past the silence yet"
+    watch.heard(t._nonce, frozenset({0, 1}), now - 0.2, now - 0.1)
+    t._adopt()
+    assert t.partitions() == [0, 1, 2]
+    assert t._kept == {2} and t._retired["partitions_adopted"] == 1
+    assert h.writers.get(2) is not None, "claimed: the silent owner is fenced"
+    assert t._next_beacon == 0.0, "says at once that it holds it"
+    t._adopt()
+    assert t._retired["partitions_adopted"] == 1, "once"
+    t._states[2].set_position(9)
+    t._commit(force=True)
+    assert h.group.commits and all(2 not in c for c in h.group.commits), (
+        "never committed: the group did not give it"
+    )
+    t._on_assigned([0, 1])  # the group gave it to another replica
+    assert t.partitions() == [0, 1] and h.writers.get(2) is None

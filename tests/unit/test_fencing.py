@@ -394,6 +394,36 @@ def test_a_fenced_partition_is_retaken_only_when_a_later_generation_keeps_it_her
         assert watch.retake(assigned, generation, stable) == expected, f"step {i}"
 
 
+# Each step: (assigned here, generation, stable, now) -> what retake() returns; settle 3 s,
+# fenced at 10.0 in generation 5.
+SETTLE_CASES = {
+    "the same generation, stable for the session": [
+        ({1}, 5, True, 11.0, []), ({1}, 5, True, 12.9, []), ({1}, 5, True, 13.0, [1]),
+        ({1}, 5, True, 20.0, []),
+    ],
+    "unsettled: the wait starts over": [
+        ({1}, 5, True, 12.0, []), ({1}, 5, False, 12.5, []), ({1}, 5, True, 15.0, []),
+        ({1}, 5, True, 15.5, [1]),
+    ],
+    "a later generation: as before": [({1}, 6, True, 10.5, []), ({1}, 6, True, 10.6, [1])],
+    "a zombie's generation ends: never in it": [
+        ({1}, 5, True, 11.0, []), ({1}, -1, False, 11.5, []), ({1}, 7, False, 14.0, []),
+        ({1}, 5, True, 14.1, []),
+    ],
+    "moved away: forgotten": [(set(), 5, True, 13.0, []), ({1}, 5, True, 20.0, [])],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("steps", SETTLE_CASES.values(), ids=SETTLE_CASES.keys())
+def test_a_partition_fenced_by_an_adopter_is_retaken_once_its_generation_has_settled(
+    steps: list[tuple[set[int], int, bool, float, list[int]]],
+) -> None:
+    watch = FenceWatch(settle_s=3.0)
+    watch.fenced(1, generation=5, now=10.0)
+    for i, (assigned, generation, stable, now, expected) in enumerate(steps):
+        assert watch.retake(assigned, generation, stable, now) == expected, f"step {i}"
+
+
 def test_an_assignment_ends_the_watch_and_a_new_fence_restarts_it() -> None:
     watch = FenceWatch()
     watch.fenced(1, generation=5)

@@ -1,0 +1,200 @@
+"""Who holds which markers partition, from the owns entries next to the beacons, and which
+partitions a live replica takes up from a silent owner (tracker.orphans): pure, no broker."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kmq.markers import MarkerType, encode_entries
+from tracker.handover import beacon_text
+from tracker.orphans import MAX_OWNED, OwnerWatch, owns_text, parse_owns
+from tracker.state import PartitionState, floor_ms
+
+SILENCE_S = 2.0
+ME, OTHER, THIRD = 11, 22, 33
+
+
+@given(
+    st.integers(0, 2**32 - 1),
+    st.sets(st.integers(0, 10**9 - 1), max_size=50),
+)
+def test_an_owns_text_names_its_clock_and_partitions(clock: int, partitions: set[int]) -> None:
+    assert parse_owns(owns_text(clock, partitions)) == (clock, frozenset(partitions))
+
+
+def test_an_owns_text_names_at_most_max_owned_partitions() -> None:
+    parsed = parse_owns(owns_text(1, range(MAX_OWNED + 10)))
+    assert parsed is not None and parsed[1] == frozenset(range(MAX_OWNED))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [b"", b"owns", b"owns 12", b"owns x 1", b"owns 1 a", b"owns 1 1,,2", b"owns 1 -1",
+     b"owns 12345678901 1", b"owns 1 1234567890", b"clock 12 3:4", b"12 34", b"OWNS 1 2"],
+)  # fmt: skip
+def test_a_text_that_is_not_an_owns_entry_names_nothing(text: bytes) -> None:
+    assert parse_owns(text) is None
+
+
+def test_owns_of_nothing_is_still_an_owns_entry() -> None:
+    assert parse_owns(owns_text(5, [])) == (5, frozenset())
+
+
+def watch(silence_s: float = SILENCE_S) -> OwnerWatch:
+    return OwnerWatch(ME, silence_s)
+
+
+def test_an_owner_heard_lately_leaves_nothing_to_adopt() -> None:
+    w = watch()
+    for t in range(10):
+        w.heard(OTHER, frozenset({1, 3}), t, t + 0.05)
+        w.heard(ME, frozenset({0, 2}), t + 0.5, t + 0.6)
+    assert w.orphans(10.0, {0, 2}) == []
+
+
+def test_a_silent_owners_partitions_are_adopted_once_own_beacons_show_the_silence() -> None:
+    w = watch()
+    w.heard(OTHER, frozenset({1, 3}), 0.0, 1.0)  # last heard at 1.0 (this replica's clock)
+    w.heard(ME, frozenset({0, 2}), 2.0, 2.1)
+    assert w.orphans(2.1, {0, 2}) == []
+    w.heard(ME, frozenset({0, 2}), 2.999, 3.1)  # sent 1.999 s after: not yet
+    assert w.orphans(3.1, {0, 2}) == []
+    w.heard(ME, frozenset({0, 2}), 3.0, 3.2)
+    assert w.orphans(3.2, {0, 2}) == [1, 3]
+    assert w.orphans(3.2, {0, 1, 2, 3}) == [], "held already"
+
+
+def test_a_replica_that_reads_nothing_new_adopts_nothing() -> None:
+    """Its own beacons not read back (it is behind, or the broker stalls): however long the
+    clock runs, the silence of others is not known to be theirs."""
+    w = watch()
+    w.heard(OTHER, frozenset({1}), 0.0, 1.0)
+    w.heard(ME, frozenset({0}), 1.5, 1.6)
+    assert w.orphans(100.0, {0}) == []
+
+
+def test_an_owner_heard_again_cancels_the_adoption() -> None:
+    w = watch()
+    w.heard(OTHER, frozenset({1}), 0.0, 1.0)
+    w.heard(OTHER, frozenset({1}), 2.5, 2.9)  # late, but heard
+    w.heard(ME, frozenset({0}), 3.0, 3.2)
+    assert w.orphans(3.2, {0}) == []
+
+
+def test_a_partition_a_new_owner_names_is_not_adopted_from_its_old_one() -> None:
+    w = watch()
+    w.heard(OTHER, frozenset({1, 3}), 0.0, 1.0)
+    w.heard(THIRD, frozenset({3}), 2.5, 2.6)  # the group gave partition 3 to a third
+    w.heard(THIRD, frozenset({3}), 4.5, 4.6)
+    w.heard(ME, frozenset({0}), 5.0, 5.1)  # partition 1 quiet for twice the silence
+    assert w.orphans(5.1, {0}) == [1]
+
+
+def test_a_partition_this_replica_named_last_is_never_adopted_back() -> None:
+    """It gave it up itself: a cooperative rebalance revokes it, and seconds later assigns
+    it to another replica, which names it only then."""
+    w = watch()
+    w.heard(OTHER, frozenset({1, 2}), 0.0, 0.5)
+    w.heard(ME, frozenset({0, 1}), 1.0, 1.1)  # then it gave partition 1 up
+    w.heard(ME, frozenset({0}), 2.0, 2.1)
+    w.heard(ME, frozenset({0}), 9.0, 9.1)
+    assert w.orphans(9.1, {0}) == [2], "not 1"
+
+
+def test_a_partition_its_live_owner_let_go_is_left_to_the_group() -> None:
+    """Fenced on it by an adopter, say: the group (FenceWatch) gives it back."""
+    w = watch()
+    w.heard(OTHER, frozenset({1, 3}), 0.0, 1.0)
+    for t in (2.0, 3.0, 4.0):
+        w.heard(OTHER, frozenset({3}), t, t + 0.1)
+    w.heard(ME, frozenset({0}), 4.0, 4.2)
+    assert w.orphans(4.2, {0}) == []
+
+
+def test_a_partition_named_longer_ago_than_the_window_is_left_to_the_group() -> None:
+    w = OwnerWatch(ME, SILENCE_S, window_s=10.0)
+    w.heard(OTHER, frozenset({1}), 0.0, 1.0)
+    w.heard(ME, frozenset({0}), 11.5, 11.6)
+    assert w.orphans(11.6, {0}) == []
+    w.forget_stale(11.6)
+    w.heard(ME, frozenset({0}), 12.5, 12.6)
+    assert w.orphans(12.6, {0}) == []
+
+
+def views(
+    dead: int, survivors: list[int], partitions: frozenset[int], quiet_s: float
+) -> dict[int, list[int]]:
+    """What each survivor adopts ``quiet_s`` after it last heard ``dead`` name
+    ``partitions``, every survivor having heard every other hold a partition of its own."""
+    out = {}
+    for me in survivors:
+        w = OwnerWatch(me, SILENCE_S)
+        w.heard(dead, partitions, 0.0, 1.0)
+        for i, other in enumerate(survivors):
+            w.heard(other, frozenset({1000 + i}), 1.0 + quiet_s - 0.5, 1.0 + quiet_s - 0.4)
+        w.heard(me, frozenset({1000 + survivors.index(me)}), 1.0 + quiet_s, 1.0 + quiet_s + 0.1)
+        out[me] = w.orphans(1.0 + quiet_s + 0.1, {1000 + survivors.index(me)})
+    return out
+
+
+@given(
+    st.lists(st.integers(1, 2**32 - 1), min_size=2, max_size=6, unique=True),
+    st.frozensets(st.integers(0, 99), min_size=1, max_size=20),
+    st.floats(SILENCE_S, 2 * SILENCE_S, exclude_max=True),
+)
+def test_live_replicas_that_hear_the_same_adopt_each_partition_once(
+    clocks: list[int], partitions: frozenset[int], quiet_s: float
+) -> None:
+    dead, survivors = clocks[0], clocks[1:]
+    adopted = views(dead, survivors, partitions, quiet_s)
+    for partition in partitions:
+        assert sum(partition in got for got in adopted.values()) == 1
+
+
+def test_after_twice_the_silence_every_live_replica_adopts() -> None:
+    adopted = views(1, [2, 3, 4], frozenset({7}), 2 * SILENCE_S)
+    assert all(got == [7] for got in adopted.values())
+
+
+def test_a_replica_that_holds_nothing_is_no_candidate() -> None:
+    """It reads no markers partition, so hears no beacon: the others do not wait for it."""
+    for idle in range(1, 200):
+        w = OwnerWatch(ME, SILENCE_S)
+        w.heard(OTHER, frozenset({1}), 0.0, 1.0)
+        w.heard(idle + 100, frozenset(), 2.5, 2.6)
+        w.heard(ME, frozenset({0}), 3.0, 3.2)
+        assert w.orphans(3.2, {0}) == [1]
+
+
+def owns_record(clock: int, partitions: set[int], sent_s: float, partition: int = 0) -> bytes:
+    probe, sent_ms = int(MarkerType.PROBE), floor_ms(sent_s)
+    beacon, owns = beacon_text(clock, None, sent_ms), owns_text(clock, partitions)
+    return encode_entries(
+        [(probe, 0, partition, sent_ms, 0, 0, 0, len(beacon)),
+         (probe, 0, partition, sent_ms, 0, 0, 0, len(owns))],
+        [beacon, owns],
+    )  # fmt: skip
+
+
+def test_a_partition_state_tells_its_owner_watch_what_it_reads_live_not_in_a_replay() -> None:
+    w = watch()
+    state = PartitionState(0, probe_nonce=ME, owners=w)
+    state.set_position(0)
+    state.set_end_offset(1)
+    state.on_record(0, owns_record(OTHER, {5}, 0.5), 1.0)  # replayed: old news
+    assert state.stats["owns_read"] == 0
+    state.on_record(1, owns_record(OTHER, {1}, 1.5), 2.0)
+    state.on_record(2, owns_record(ME, {0}, 4.5), 4.6)
+    assert state.stats["owns_read"] == 2 and state.stats["beacon_read"] == 3
+    assert w.orphans(4.6, {0}) == [1]
+
+
+def test_a_replica_before_owns_entries_reads_one_as_a_probe_it_does_not_know() -> None:
+    state = PartitionState(0, probe_nonce=ME)  # no owner watch: as before tracker.orphans
+    state.set_position(0)
+    state.set_end_offset(0)
+    state.on_record(0, owns_record(OTHER, {1}, 1.0), 1.5)
+    assert state.stats["beacon_read"] == 1 and state.stats["owns_read"] == 0
+    assert state.stats["bad_marker"] == 0

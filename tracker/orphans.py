@@ -1,0 +1,127 @@
+"""Markers partitions whose owner has fallen silent, found from beacons, so that a live
+replica can take them over before the consumer group does (pure; no I/O).
+
+A replica killed outright leaves its partitions unserved until the group notices: its
+session runs out, then the group rebalances (about 7 s on the embedded broker with a 3 s
+session, and the session is 10 s by default, 45 s in Kafka's own default). Meanwhile every
+lease on those partitions that ends goes unredelivered.
+
+Every replica already writes a beacon to every markers partition each second
+(:mod:`tracker.handover`). Next to it, in the same record, goes an *owns* entry naming the
+partitions the writer holds. The owner of each partition reads them all, so it knows which
+replica holds which partition and when it last heard from it. A partition is an orphan
+once no beacon naming it has been read for :attr:`OwnerWatch.silence_s`, judged against
+this replica's own beacons read back (only those say how far it has read: a replica that
+is itself behind never takes one). One live replica, chosen the same way by all, then
+claims it: the claim fences the silent owner (:mod:`tracker.fencing`), so a owner that was
+only frozen redelivers nothing more from it when it wakes, and the group's next assignment
+settles who keeps it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+
+_OWNS = b"owns "
+
+MAX_OWNED = 4096
+"""At most this many partitions are named by one owns entry (the rest are not adopted
+early; the group still moves them)."""
+
+
+def owns_text(clock: int, partitions: Iterable[int]) -> bytes:
+    """The text of an *owns* entry: the replica whose clock is ``clock`` (its beacon's)
+    holds ``partitions``."""
+    listed = sorted(set(partitions))[:MAX_OWNED]
+    return _OWNS + b"%d %s" % (clock, b",".join(b"%d" % p for p in listed))
+
+
+def parse_owns(text: bytes) -> tuple[int, frozenset[int]] | None:
+    """``(clock, partitions)`` from an *owns* entry's text; ``None`` for any other text."""
+    if not text.startswith(_OWNS):
+        return None
+    clock, sep, listed = text[len(_OWNS) :].partition(b" ")
+    if not sep or not clock.isdigit() or len(clock) > 10:
+        return None
+    partitions: set[int] = set()
+    if listed:
+        for part in listed.split(b","):
+            if not part.isdigit() or len(part) > 9:
+                return None
+            partitions.add(int(part))
+    if len(partitions) > MAX_OWNED:
+        return None
+    return int(clock), frozenset(partitions)
+
+
+def _rank(clock: int, partition: int) -> bytes:
+    return hashlib.blake2b(b"%d:%d" % (clock, partition), digest_size=8).digest()
+
+
+class OwnerWatch:
+    """Who holds which markers partition, from the *owns* entries read live.
+
+    Feed it every *owns* entry read as it comes (not in a replay) with :meth:`heard`,
+    this replica's own included; ask :meth:`orphans` which partitions to adopt.
+    """
+
+    def __init__(self, own: int, silence_s: float, window_s: float = 60.0) -> None:
+        self.own = own
+        self.silence_s = silence_s
+        """How long a partition may go unnamed before it is an orphan."""
+        self.window_s = window_s
+        """Only partitions named within this long are adopted: one nobody has named for
+        longer is not taken from a silent owner but left to the group."""
+        self._named: dict[int, tuple[float, int]] = {}  # partition -> (read at, by clock)
+        self._heard: dict[int, tuple[float, int]] = {}  # clock -> (read at, partitions named)
+        self._current = float("-inf")
+        """The send time (own clock) of the newest own beacon read back: every beacon
+        written before it was on the broker, has been read."""
+
+    def heard(self, clock: int, partitions: frozenset[int], sent_s: float, now: float) -> None:
+        """An *owns* entry of ``clock`` naming ``partitions``, sent at ``sent_s`` on its
+        writer's clock, was read at ``now``."""
+        if clock == self.own:
+            self._current = max(self._current, sent_s)
+        self._heard[clock] = (now, len(partitions))
+        named = self._named
+        for partition in partitions:
+            named[partition] = (now, clock)
+
+    def orphans(self, now: float, mine: Iterable[int]) -> list[int]:
+        """The partitions this replica should adopt now: named lately, last by another
+        replica of which no beacon was read in the :attr:`silence_s` before the newest own
+        beacon read back, not held here already, and for which this replica ranks first
+        among the live replicas that hold partitions (all of which read beacons). One that
+        ranks lower adopts after twice the silence, should the first not have done so.
+
+        A partition this replica named last is never adopted back: it gave it up itself
+        (a cooperative rebalance moves it in two steps, seconds apart), or was fenced on
+        it, and then the group decides (:class:`tracker.fencing.FenceWatch`)."""
+        held = set(mine)
+        current, silence, heard = self._current, self.silence_s, self._heard
+        live = [
+            clock
+            for clock, (at, count) in heard.items()
+            if count and clock != self.own and current - at < silence
+        ]
+        out = []
+        for partition, (at, namer) in self._named.items():
+            quiet = current - at
+            if partition in held or namer == self.own or quiet < silence:
+                continue
+            if now - at > self.window_s or current - heard[namer][0] < silence:
+                continue  # long ago; or its owner, heard lately, has let it go
+            first = min([self.own, *live], key=lambda c: _rank(c, partition))
+            if first == self.own or quiet >= 2 * silence:
+                out.append(partition)
+        return sorted(out)
+
+    def forget_stale(self, now: float) -> None:
+        """Drop what is older than :attr:`window_s` (replicas long gone)."""
+        window = self.window_s
+        for partition in [p for p, (at, _) in self._named.items() if now - at > window]:
+            del self._named[partition]
+        for clock in [c for c, (at, _) in self._heard.items() if now - at > window]:
+            del self._heard[clock]
