@@ -297,6 +297,59 @@ def event_count(port: int, event: str) -> float:
     return metric(port, "kmq_tracker_events_total", event=event)
 
 
+def one_of_two_trackers_killed(
+    broker: Broker,
+    topics: Topics,
+    service: kmq.Service,
+    config: TrackerConfig,
+    children: Children,
+    lease_s: float,
+    heard: str,
+) -> tuple[set[str], int, set[int], float]:
+    """Six messages held by a worker on leases of ``lease_s``, two trackers owning a markers
+    partition each and having read each other's ``heard`` event four times more; then the
+    worker and the tracker whose partition holds more of the held messages SIGKILLed.
+    Returns the messages, the survivor's metrics port, the dead one's partitions and when
+    it was killed."""
+    sent, t1, worker, p1 = six_jobs_half_held(broker, topics, service, config, children, 0,
+                                              lease_s=lease_s)  # fmt: skip
+    p2 = free_port()
+    t2 = children.python("tracker-2", *tracker_argv(config, p2))
+    wait_until(lambda: ready(p1) and ready(p2) and len(owned(p1)) == len(owned(p2)) == 1, 60,
+               "the two trackers to own a markers partition each")  # fmt: skip
+    seen = {p: event_count(p, heard) for p in (p1, p2)}
+    wait_until(lambda: all(event_count(p, heard) >= n + 4 for p, n in seen.items()), 10,
+               f"each tracker to count {heard}")  # fmt: skip
+    held_on = Counter(
+        record.partition
+        for record in read_records(broker.bootstrap_servers, topics.markers)
+        for m in decode_all(record.value)
+        if m.type is MarkerType.START
+    )
+    dead, survivor = (t1, p2) if max(held_on, key=held_on.__getitem__) in owned(p1) else (t2, p1)
+    dead_partitions = owned(p1 if dead is t1 else p2)
+    os.kill(worker.pid, signal.SIGKILL)
+    os.kill(dead.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    worker.proc.wait()
+    dead.proc.wait()
+    return sent, survivor, dead_partitions, killed
+
+
+def late_redeliveries_ms(
+    broker: Broker, topics: Topics, partitions: set[int], lease_s: float
+) -> list[float]:
+    """How long after its lease ran out (its last START or KEEPALIVE's write time plus
+    ``lease_s``) each REDELIVERED marker on ``partitions`` was written."""
+    last, _ = held_leases_and_ticks(broker, topics)
+    return [
+        record.timestamp - (last[(m.lane, m.partition, m.offset)] + lease_s * 1000)
+        for record in read_records(broker.bootstrap_servers, topics.markers)
+        for m in decode_all(record.value)
+        if m.type is MarkerType.REDELIVERED and record.partition in partitions
+    ]
+
+
 def test_a_surviving_tracker_runs_a_dead_trackers_leases_from_their_markers(
     broker: Broker,
     topics: Topics,
@@ -315,36 +368,11 @@ def test_a_surviving_tracker_runs_a_dead_trackers_leases_from_their_markers(
         tick_interval_s=0.2,
         session_timeout_ms=max(4000, tracker_config.session_timeout_ms),
     )
-    _, t1, worker, p1 = six_jobs_half_held(broker, topics, service, config, children, 0,
-                                           lease_s=lease_s)  # fmt: skip
-    p2 = free_port()
-    t2 = children.python("tracker-2", *tracker_argv(config, p2))
-    wait_until(lambda: ready(p1) and ready(p2) and len(owned(p1)) == len(owned(p2)) == 1, 30,
-               "the two trackers to own a markers partition each")  # fmt: skip
-    seen = event_count(p2, "beacon_read")
-    wait_until(lambda: event_count(p2, "beacon_read") >= seen + 6, 10,
-               "tracker-2 to read beacons of both")  # fmt: skip
-    # The tracker to kill: the one whose partition holds more of the held messages.
-    held_on = Counter(
-        record.partition
-        for record in read_records(broker.bootstrap_servers, topics.markers)
-        for m in decode_all(record.value)
-        if m.type is MarkerType.START
+    _, survivor, dead_partitions, _ = one_of_two_trackers_killed(
+        broker, topics, service, config, children, lease_s, "beacon_read"
     )
-    dead, survivor = (t1, p2) if max(held_on, key=held_on.__getitem__) in owned(p1) else (t2, p1)
-    dead_partition = owned(p1 if dead is t1 else p2)
-    os.kill(worker.pid, signal.SIGKILL)
-    os.kill(dead.pid, signal.SIGKILL)
-    worker.proc.wait()
-    dead.proc.wait()
     wait_until(lambda: redeliveries(survivor) >= 6, 3 * lease_s, "the survivor's redeliveries")
-    last, _ = held_leases_and_ticks(broker, topics)
-    late_ms = [
-        record.timestamp - (last[(m.lane, m.partition, m.offset)] + lease_s * 1000)
-        for record in read_records(broker.bootstrap_servers, topics.markers)
-        for m in decode_all(record.value)
-        if m.type is MarkerType.REDELIVERED and record.partition in dead_partition
-    ]
+    late_ms = late_redeliveries_ms(broker, topics, dead_partitions, lease_s)
     assert len(late_ms) >= 3 and all(late >= 0 for late in late_ms), late_ms  # never early
     # Without beacons: at least a session timeout (4 s) after the last markers, less a tick.
     assert max(late_ms) < 2500, late_ms
@@ -364,41 +392,16 @@ def test_a_killed_trackers_partitions_are_adopted_long_before_its_session_ends(
     config = dataclasses.replace(
         tracker_config, tick_interval_s=0.2, session_timeout_ms=15_000, adopt_after_s=2.0
     )
-    sent, t1, worker, p1 = six_jobs_half_held(broker, topics, service, config, children, 0)
-    p2 = free_port()
-    t2 = children.python("tracker-2", *tracker_argv(config, p2))
-    wait_until(lambda: ready(p1) and ready(p2) and len(owned(p1)) == len(owned(p2)) == 1, 60,
-               "the two trackers to own a markers partition each")  # fmt: skip
-    seen = event_count(p2, "owns_read"), event_count(p1, "owns_read")
-    wait_until(lambda: event_count(p2, "owns_read") >= seen[0] + 4
-               and event_count(p1, "owns_read") >= seen[1] + 4, 10,
-               "each tracker to read who holds what")  # fmt: skip
-    held_on = Counter(
-        record.partition
-        for record in read_records(broker.bootstrap_servers, topics.markers)
-        for m in decode_all(record.value)
-        if m.type is MarkerType.START
+    sent, survivor, dead_partitions, killed = one_of_two_trackers_killed(
+        broker, topics, service, config, children, REDELIVERY_TIMEOUT_S, "owns_read"
     )
-    dead, survivor = (t1, p2) if max(held_on, key=held_on.__getitem__) in owned(p1) else (t2, p1)
-    dead_partitions = owned(p1 if dead is t1 else p2)
-    os.kill(worker.pid, signal.SIGKILL)
-    os.kill(dead.pid, signal.SIGKILL)
-    killed = time.monotonic()
-    worker.proc.wait()
-    dead.proc.wait()
     wait_until(lambda: redeliveries(survivor) >= 6, 12, "the survivor's redeliveries")
     # Adoption (2-3 s of silence, a claim, a replay and a probe; about 3 s here), not the
     # 15 s session: the group has not moved the partition yet.
     assert time.monotonic() - killed < 8
     assert event_count(survivor, "partitions_adopted") == len(dead_partitions) == 1
     assert owned(survivor) == {0, 1}
-    last, _ = held_leases_and_ticks(broker, topics)
-    late_ms = [
-        record.timestamp - (last[(m.lane, m.partition, m.offset)] + REDELIVERY_TIMEOUT_S * 1000)
-        for record in read_records(broker.bootstrap_servers, topics.markers)
-        for m in decode_all(record.value)
-        if m.type is MarkerType.REDELIVERED and record.partition in dead_partitions
-    ]
+    late_ms = late_redeliveries_ms(broker, topics, dead_partitions, REDELIVERY_TIMEOUT_S)
     assert len(late_ms) >= 3 and all(late >= 0 for late in late_ms), late_ms  # never early
     copies = Counter(
         message_id for message_id, attempt in queue_records(broker, topics.retry) if attempt > 1
