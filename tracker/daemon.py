@@ -98,8 +98,9 @@ class Tracker:
         self._committed: dict[int, int] = {}
         self._fresh: set[int] = set()  # assigned, first batch not read yet
         self._kept: set[int] = set()
-        """Given up by an eager rebalance, still read and redelivered from (fenced if
-        another replica claims them) until the group's next assignment says which stay."""
+        """Given up by an eager rebalance, or adopted from a silent owner (:meth:`_adopt`):
+        read and redelivered from, never committed (fenced if another replica claims
+        them), until the group's next assignment says which stay."""
         self._reclaim: set[int] = set()
         """Kept through a rebalance and assigned again: claim them again, and wait for a
         probe written since, before the next redelivery from them."""

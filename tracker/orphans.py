@@ -10,12 +10,13 @@ Every replica already writes a beacon to every markers partition each second
 (:mod:`tracker.handover`). Next to it, in the same record, goes an *owns* entry naming the
 partitions the writer holds. The owner of each partition reads them all, so it knows which
 replica holds which partition and when it last heard from it. A partition is an orphan
-once no beacon naming it has been read for :attr:`OwnerWatch.silence_s`, judged against
-this replica's own beacons read back (only those say how far it has read: a replica that
-is itself behind never takes one). One live replica, chosen the same way by all, then
-claims it: the claim fences the silent owner (:mod:`tracker.fencing`), so a owner that was
-only frozen redelivers nothing more from it when it wakes, and the group's next assignment
-settles who keeps it.
+once the replica that named it last is another one, and neither it nor any other has
+named the partition for :attr:`OwnerWatch.silence_s`, judged against this replica's own
+beacons read back (only those say how far it has read: a replica that is itself behind
+never takes one). One live replica, chosen the same way by all, then claims it: the claim
+fences the silent owner (:mod:`tracker.fencing`), so an owner that was only frozen
+redelivers nothing more from it when it wakes, and the group's next assignment settles
+who keeps it.
 """
 
 from __future__ import annotations
