@@ -498,9 +498,10 @@ class Tracker:
         tick_s = self.config.tick_interval_s
         for partition, state in list(self._states.items()):
             if state.probe_needed(now):
-                self._send_probe(partition, state.probe(now), b"")
+                self._send_probe(partition, [state.probe(now)], [b""])
             if state.tick_needed(now, tick_s):
-                self._send_probe(partition, *state.tick(now, self._acked.get(partition)))
+                entry, text = state.tick(now, self._acked.get(partition))
+                self._send_probe(partition, [entry], [text])
         if tick_s > 0 and self._states and now >= self._next_beacon:
             self._beacon(now)
 
@@ -548,11 +549,7 @@ class Tracker:
         self._kept.update(orphans)
         self._take(orphans, adopted=True)
 
-    def _send_probe(
-        self, partition: int, entry: Entry | list[Entry], text: bytes | list[bytes]
-    ) -> None:
-        entries = entry if isinstance(entry, list) else [entry]
-        texts = text if isinstance(text, list) else [text]
+    def _send_probe(self, partition: int, entries: list[Entry], texts: list[bytes]) -> None:
         try:
             future = self._producer.send(
                 self.config.marker_topic,

@@ -24,6 +24,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 
+from tracker.handover import CLOCK_WINDOW_S
+
 _OWNS = b"owns "
 
 MAX_OWNED = 4096
@@ -67,7 +69,7 @@ class OwnerWatch:
     this replica's own included; ask :meth:`orphans` which partitions to adopt.
     """
 
-    def __init__(self, own: int, silence_s: float, window_s: float = 60.0) -> None:
+    def __init__(self, own: int, silence_s: float, window_s: float = CLOCK_WINDOW_S) -> None:
         self.own = own
         self.silence_s = silence_s
         """How long a partition may go unnamed before it is an orphan."""
