@@ -41,7 +41,7 @@ from kmq.markers import QUEUE_LANE, RETRY_LANE, Entry, MarkerType, encode_entrie
 from kmq.records import delivery_key, split_key
 from tracker import txn_wait
 from tracker.config import TrackerConfig
-from tracker.fencing import FenceWatch, PartitionWriters
+from tracker.fencing import FenceWatch, PartitionWriters, Tenure
 from tracker.handover import BEACON_S, ClockBounds, beacon_text
 from tracker.health import BrokerLink, ProbeServer
 from tracker.orphans import OwnerWatch, owns_text
@@ -132,6 +132,7 @@ class Tracker:
             init=txn_wait.init,
         )
         self._fence_watch = FenceWatch(settle_s=config.session_timeout_ms / 1000)
+        self._tenure = Tenure()
         self._topics = {QUEUE_LANE: config.queue_topic, RETRY_LANE: config.retry_topic}
         self._readers = LiveReaders()
         self._redeliverer = Redeliverer(
@@ -183,7 +184,7 @@ class Tracker:
             ),
         )
         opened.append(lambda: self._kc.close(autocommit=False))
-        self._listener = _Listener()
+        self._listener = _Listener(lambda: self._kc.group_metadata().generation_id)
         self._kc.subscribe([config.marker_topic], listener=self._listener)
         # The group member fetches nothing (its partitions stay paused): kafka-python fetches
         # nothing for a group while it rebalances, and a replica that keeps its partitions
@@ -547,6 +548,7 @@ class Tracker:
         )
         self._retired["partitions_adopted"] += len(orphans)
         self._kept.update(orphans)
+        self._tenure.held(orphans, self._kc.group_metadata().generation_id)
         self._take(orphans, adopted=True)
 
     def _send_probe(self, partition: int, entries: list[Entry], texts: list[bytes]) -> None:
@@ -716,6 +718,7 @@ class Tracker:
         self._fresh.discard(partition)
         self._kept.discard(partition)
         self._reclaim.discard(partition)
+        self._tenure.forget(partition)
         self._fence_watch.fenced(
             partition, self._kc.group_metadata().generation_id, time.monotonic()
         )
@@ -743,6 +746,7 @@ class Tracker:
             meta.generation_id,
         )
         self._retired["partitions_retaken"] += len(back)
+        self._tenure.held(back, meta.generation_id)
         # Its records may have been read and skipped while it was dropped: _take has the
         # markers reader start again where the new state starts.
         self._take(back)
@@ -860,9 +864,9 @@ class Tracker:
 
     def _rebalanced(self) -> None:
         """Apply the rebalances the listener saw, in order, on the run loop's thread."""
-        for assigned, partitions in self._listener.take():
+        for assigned, partitions, generation in self._listener.take():
             if assigned:
-                self._on_assigned(partitions)
+                self._on_assigned(partitions, generation)
             else:
                 self._on_revoked(partitions)
 
@@ -886,6 +890,7 @@ class Tracker:
         for partition in partitions:
             self._fresh.discard(partition)
             self._reclaim.discard(partition)
+            self._tenure.forget(partition)
             state = self._states.pop(partition)
             self._retired.update(state.stats)
             self._committed.pop(partition, None)
@@ -894,17 +899,25 @@ class Tracker:
         self._retired["partitions_revoked"] += len(partitions)
         log.info("revoked partitions %s", sorted(partitions))
 
-    def _on_assigned(self, assigned: list[int]) -> None:
-        """``assigned``: the whole assignment (eager), or what it gained (cooperative)."""
+    def _on_assigned(self, assigned: list[int], generation: int | None = None) -> None:
+        """``assigned``: the whole assignment (eager), or what it gained (cooperative), in
+        ``generation`` (None: not known)."""
         self._assignment_known = True
         kept, self._kept = self._kept, set()
         gone = sorted(p for p in kept - set(assigned) if p in self._states)
         if gone:
             self._drop(gone)
         again = kept & set(assigned) & set(self._states)
+        unbroken = self._tenure.unbroken(again, generation)
+        if unbroken and generation is not None:
+            log.info("kept partitions %s were this replica's in generation %d, the one "
+                     "before: their claims stand", sorted(unbroken), generation - 1)  # fmt: skip
+        again -= unbroken
         for partition in again:  # claimed anew before its next redelivery (_reclaimed)
             self._writers.release(partition, timeout_s=0.0)
         self._reclaim |= again
+        if generation is not None:
+            self._tenure.held(assigned, generation)
         self._take(assigned)
 
     def _take(self, partitions: list[int], adopted: bool = False) -> None:
@@ -948,22 +961,26 @@ def _cause(exc: KafkaError) -> str:
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
-    """Only records what happened. kafka-python 3 calls it on its IO thread, where neither
-    a blocking commit nor touching the tracker's state (owned by the run loop) is safe."""
+    """Only records what happened, with the generation an assignment came in. kafka-python 3
+    calls it on its IO thread, where neither a blocking commit nor touching the tracker's
+    state (owned by the run loop) is safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, generation: Callable[[], int]) -> None:
         self._lock = threading.Lock()
-        self._events: list[tuple[bool, list[int]]] = []
+        self._generation = generation
+        self._events: list[tuple[bool, list[int], int | None]] = []
 
     def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
         with self._lock:
-            self._events.append((False, [tp.partition for tp in revoked]))
+            self._events.append((False, [tp.partition for tp in revoked], None))
 
     def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        # Called once the join is complete, its generation already this member's.
+        generation = self._generation()
         with self._lock:
-            self._events.append((True, [tp.partition for tp in assigned]))
+            self._events.append((True, [tp.partition for tp in assigned], generation))
 
-    def take(self) -> list[tuple[bool, list[int]]]:
+    def take(self) -> list[tuple[bool, list[int], int | None]]:
         with self._lock:
             events, self._events = self._events, []
         return events

@@ -229,3 +229,35 @@ class FenceWatch:
             else:
                 self._seen[partition] = generation
         return sorted(back)
+
+
+class Tenure:
+    """The group generation in which each partition this replica tracks was last its own
+    (assigned, or adopted while the group was at that generation).
+
+    A partition kept through a rebalance and assigned to this replica in the very next
+    generation was given to no other replica in between, so its claim still stands: it
+    needs no new claim, nor a probe written after one, before its next redelivery. Any
+    other gap (a generation this replica missed, or an adoption and an assignment further
+    apart) is claimed anew. Either way the fence keeps it safe: a replica that claimed the
+    partition outside the group meanwhile (adopting it from this one while it was silent)
+    fences this one's next transaction, which is then dropped and taken up again
+    (:class:`FenceWatch`).
+    """
+
+    def __init__(self) -> None:
+        self._since: dict[int, int] = {}
+
+    def held(self, partitions: Iterable[int], generation: int) -> None:
+        for partition in partitions:
+            self._since[partition] = generation
+
+    def forget(self, partition: int) -> None:
+        self._since.pop(partition, None)
+
+    def unbroken(self, partitions: Iterable[int], generation: int | None) -> set[int]:
+        """Those of ``partitions`` (kept, assigned in ``generation``) held in the
+        generation just before it; none when the generation is not known."""
+        if generation is None or generation < 1:
+            return set()
+        return {p for p in partitions if self._since.get(p) == generation - 1}

@@ -32,8 +32,8 @@ from kmq.markers import QUEUE_LANE, RETRY_LANE, MarkerType, decode, encode_entri
 from kmq.records import delivery_key, queue_headers
 from tests.unit.kafka_stubs import StubTxnProducer
 from tracker.config import TrackerConfig
-from tracker.daemon import Tracker, markers_wait_ms
-from tracker.fencing import FenceWatch, PartitionWriters, transactional_id
+from tracker.daemon import Tracker, _Listener, markers_wait_ms
+from tracker.fencing import FenceWatch, PartitionWriters, Tenure, transactional_id
 from tracker.handover import BEACON_S, ClockBounds, parse_beacon, parse_tick
 from tracker.health import BrokerLink
 from tracker.orphans import OwnerWatch, parse_owns
@@ -183,6 +183,7 @@ class Harness:
         t._reading = set(partitions)
         t._seek = set()
         t._fence_watch = FenceWatch()
+        t._tenure = Tenure()
         t._caught_up = threading.Event()
         t._nonce = 7
         t._clocks = ClockBounds(t._nonce)
@@ -482,6 +483,63 @@ def test_kept_partitions_assigned_again_are_claimed_again_and_the_rest_dropped()
     t._redeliver()
     assert state.stats["redeliveries"] == 1 and t._reclaim == set()
     assert len(h.producers.made[0]) == 2, "one claim again, not one per round"
+
+
+def test_kept_partitions_assigned_in_the_very_next_generation_keep_their_claims() -> None:
+    """Held in generation 5, kept through the rebalance, assigned in 6: no other replica
+    was given them in between, so no new claim and no wait for a fresh probe."""
+    h = Harness(partitions=(0, 1))
+    h.claim(0, 1)
+    t = h.tracker
+    t._on_assigned([0, 1], 5)
+    producer = h.producers.last(0)
+    t._on_revoked([0, 1])
+    t._on_assigned([0], 6)
+    assert t.partitions() == [0] and t._reclaim == set()
+    assert h.producers.last(0) is producer and not producer.closed_with, "not let go"
+    t._redeliver()
+    assert h.states[0].stats["redeliveries"] == 1, "no probe waited for"
+    assert len(h.producers.made[0]) == 1
+
+
+def test_kept_partitions_assigned_after_a_missed_generation_are_claimed_again() -> None:
+    h = Harness(partitions=(0,))
+    h.claim(0)
+    t = h.tracker
+    t._on_assigned([0], 5)
+    t._on_revoked([0])
+    before = h.producers.last(0)
+    t._on_assigned([0], 7)  # generation 6 went on without this replica
+    assert t._reclaim == {0} and before.closed_with == [0.0], "let go, to claim anew"
+    t._redeliver()
+    assert h.states[0].stats["redeliveries"] == 0, "waits for a probe after the new claim"
+    assert len(h.producers.made[0]) == 2
+
+
+def test_a_partition_adopted_then_assigned_in_the_next_generation_keeps_its_claim() -> None:
+    h = Harness(partitions=(0, 1))
+    t = h.tracker
+    h.claim(0, 1)
+    watch = t._owners
+    assert watch is not None
+    now = time.monotonic()
+    watch.heard(99, frozenset({2}), 0.0, now - 5.0)
+    watch.heard(t._nonce, frozenset({0, 1}), now - 0.2, now - 0.1)
+    t._adopt()  # in generation 5 (the stub's)
+    assert t._kept == {2} and len(h.producers.made[2]) == 1
+    t._on_assigned([0, 1, 2], GROUP_METADATA.generation_id + 1)
+    assert t._reclaim == set() and len(h.producers.made[2]) == 1
+    assert not h.producers.last(2).closed_with
+
+
+def test_the_rebalance_listener_records_each_assignments_generation() -> None:
+    generation = [3]
+    listener = _Listener(lambda: generation[0])
+    listener.on_partitions_revoked([TopicPartition("m", 0)])
+    generation[0] = 4
+    listener.on_partitions_assigned([TopicPartition("m", 0), TopicPartition("m", 2)])
+    assert listener.take() == [(False, [0], None), (True, [0, 2], 4)]
+    assert listener.take() == []
 
 
 def test_a_kept_partition_that_cannot_be_claimed_again_redelivers_nothing() -> None:

@@ -21,6 +21,7 @@ from tracker.fencing import (
     FENCED_ERRORS,
     FenceWatch,
     PartitionWriters,
+    Tenure,
     is_fenced,
     transactional_id,
 )
@@ -436,3 +437,44 @@ def test_an_assignment_ends_the_watch_and_a_new_fence_restarts_it() -> None:
     assert watch.retake({1, 2}, 7, True) == []
     assert watch.retake({1, 2}, 7, True) == [2]
     assert watch.watching() == set()
+
+
+TENURE_CASES = [
+    # (held in generation, assigned again in generation, claim stands)
+    (4, 5, True),  # the very next generation: nobody else was given it in between
+    (4, 6, False),  # a generation between, missed or not: another may have claimed it
+    (5, 5, False),  # not the next one
+    (None, 5, False),  # never held (or forgotten)
+    (4, None, False),  # the generation is not known
+    (-1, 0, False),  # no generation (kafka-python's -1) is never a tenure
+]
+
+
+@pytest.mark.parametrize(("held", "assigned", "stands"), TENURE_CASES)
+def test_a_kept_partitions_claim_stands_only_into_the_very_next_generation(
+    held: int | None, assigned: int | None, stands: bool
+) -> None:
+    tenure = Tenure()
+    if held is not None:
+        tenure.held([3], held)
+    assert tenure.unbroken({3}, assigned) == ({3} if stands else set())
+
+
+def test_a_forgotten_partition_has_no_tenure() -> None:
+    tenure = Tenure()
+    tenure.held([1, 2], 7)
+    tenure.forget(1)
+    tenure.forget(9)  # never held: nothing happens
+    assert tenure.unbroken({1, 2}, 8) == {2}
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(-1, 6)), max_size=12), st.integers(-1, 8))
+def test_a_claim_stands_exactly_when_the_last_tenure_is_the_generation_before(
+    helds: list[tuple[int, int]], generation: int
+) -> None:
+    tenure, last = Tenure(), {}
+    for partition, gen in helds:
+        tenure.held([partition], gen)
+        last[partition] = gen
+    expected = {p for p, g in last.items() if generation >= 1 and g == generation - 1}
+    assert tenure.unbroken(range(4), generation) == expected
