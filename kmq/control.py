@@ -1,10 +1,16 @@
 """The control topic: a small compacted topic every kmq process tails.
 
-It holds two kinds of record, told apart by key:
+It holds three kinds of record, told apart by key:
 
 * a queue id: that queue's pause (:mod:`kmq.pause`);
-* ``layout <topic>``: where each queue's records live on ``topic`` (:mod:`kmq.layout`).
-  Queue ids never contain a space, so the two never collide.
+* ``layout <topic>``: where each queue's records live on ``topic`` (:mod:`kmq.layout`);
+* ``unread <retry topic> <partition> <queue>``: a tracker wrote copies for ``queue`` to that
+  retry-topic partition while no consumer of the queue said it read any (every reader
+  killed, say); a consumer reading nothing of the queue's retry lane reads it meanwhile
+  (:mod:`kmq.adopted`). Withdrawn (a tombstone) once a reader is heard again.
+
+Queue ids never contain a space, nor do topic names, so they never collide. Earlier
+releases take an ``unread`` key for a queue that is not paused, and ignore it.
 """
 
 from __future__ import annotations
@@ -26,10 +32,24 @@ from kmq.pause import PauseTable, encode_pause
 log = logging.getLogger(__name__)
 
 LAYOUT_PREFIX = "layout "
+UNREAD_PREFIX = "unread "
+UNREAD_VALUE = b"1"
 
 
 def layout_key(topic: str) -> bytes:
     return (LAYOUT_PREFIX + topic).encode()
+
+
+def unread_key(retry_topic: str, partition: int, queue: str) -> bytes:
+    return f"{UNREAD_PREFIX}{retry_topic} {partition} {queue}".encode()
+
+
+def parse_unread_key(name: str) -> tuple[str, int, str] | None:
+    """(retry topic, partition, queue) of an ``unread`` key; None if malformed."""
+    parts = name[len(UNREAD_PREFIX) :].split(" ")
+    if len(parts) != 3 or not parts[1].isdigit() or not parts[0] or not parts[2]:
+        return None
+    return parts[0], int(parts[1]), parts[2]
 
 
 class ControlTable:
@@ -38,12 +58,25 @@ class ControlTable:
     def __init__(self) -> None:
         self.pauses = PauseTable()
         self._layouts: dict[str, TopicLayout] = {}
+        self._unread: dict[str, dict[str, frozenset[int]]] = {}
 
     def apply(self, key: bytes | None, value: bytes | None) -> None:
         if not key:
             return
         name = key.decode("utf-8", "replace")
-        if name.startswith(LAYOUT_PREFIX):
+        if name.startswith(UNREAD_PREFIX):
+            parsed = parse_unread_key(name)
+            if parsed is None:
+                return
+            topic, partition, queue = parsed
+            queues = self._unread.setdefault(topic, {})
+            now = queues.get(queue, frozenset())
+            now = now | {partition} if value else now - {partition}
+            if now:
+                queues[queue] = now
+            else:
+                queues.pop(queue, None)
+        elif name.startswith(LAYOUT_PREFIX):
             topic = name[len(LAYOUT_PREFIX) :]
             layout = decode_layout(value)
             if layout is None:
@@ -55,6 +88,16 @@ class ControlTable:
 
     def layout(self, topic: str) -> TopicLayout | None:
         return self._layouts.get(topic)
+
+    def unread(self, retry_topic: str, queue: str) -> frozenset[int]:
+        """The partitions of ``retry_topic`` said to hold copies for ``queue`` that no
+        consumer reads."""
+        return self._unread.get(retry_topic, {}).get(queue, frozenset())
+
+    def unread_notices(self, retry_topic: str) -> list[tuple[str, int]]:
+        """Every (queue, partition) ``unread`` notice on ``retry_topic`` standing now."""
+        queues = self._unread.get(retry_topic, {})
+        return [(q, p) for q, parts in queues.items() for p in sorted(parts)]
 
 
 class ControlWatcher:

@@ -34,7 +34,7 @@ from kafka.structs import MemberState, OffsetAndMetadata
 
 from kmq import kafka_clients, reach
 from kmq.config import COOPERATIVE
-from kmq.control import ControlWatcher
+from kmq.control import UNREAD_VALUE, ControlWatcher, unread_key
 from kmq.errors import BrokerError, ConfigError, KmqError
 from kmq.layout import holders_reads, write_partitions
 from kmq.markers import QUEUE_LANE, RETRY_LANE, Entry, MarkerType, encode_entries
@@ -44,6 +44,7 @@ from tracker.config import TrackerConfig
 from tracker.fencing import FenceWatch, PartitionWriters, Tenure
 from tracker.handover import BEACON_S, ClockBounds, beacon_text
 from tracker.health import BrokerLink, ProbeServer
+from tracker.notices import UnreadNotices
 from tracker.orphans import OwnerWatch, owns_text
 from tracker.readers import LiveReaders
 from tracker.redeliver import TXN_TIMEOUT_S, Copy, Redeliverer, RoundOutcome, copy_of
@@ -133,6 +134,7 @@ class Tracker:
         )
         self._fence_watch = FenceWatch(settle_s=config.session_timeout_ms / 1000)
         self._tenure = Tenure()
+        self._notices = UnreadNotices()
         self._topics = {QUEUE_LANE: config.queue_topic, RETRY_LANE: config.retry_topic}
         self._readers = LiveReaders()
         self._redeliverer = Redeliverer(
@@ -440,6 +442,7 @@ class Tracker:
         began = time.monotonic()
         self._redeliver()
         self._slowest_redelivery_s = max(self._slowest_redelivery_s, time.monotonic() - began)
+        self._notice_unread()
         self._commit(force=False)
         self._log_stats()
 
@@ -643,10 +646,41 @@ class Tracker:
             if not held & live and live - held:
                 out.append(d)
                 continue
+            if not live:  # nobody reads the queue's retry lane: say where this copy is
+                self._notices.unread(queue, partition)
             state = self._states.get(d.marker_partition)
             if state is not None:
                 state.keep_watching(d.key, now, self.config.unread_copy_s)
         return out
+
+    def _notice_unread(self) -> None:
+        """Write and withdraw the control topic's ``unread`` notices (tracker.notices)."""
+        now = time.monotonic()
+        topic = self.config.retry_topic
+        write, withdraw = self._notices.changes(
+            self._pauses.table.unread_notices(topic),
+            lambda queue: bool(self._live(queue, now)),
+            now,
+        )
+        sends: list[tuple[str, int, bytes | None]] = [(q, p, UNREAD_VALUE) for q, p in write]
+        sends += [(q, p, None) for q, p in withdraw]
+        for queue, partition, value in sends:
+            if value:
+                log.warning("queue %r: copies on retry partition %d, and no reader of the "
+                            "queue is heard: saying so on the control topic",
+                            queue, partition)  # fmt: skip
+            else:
+                log.info("queue %r: a reader is heard again; withdrawing the notice for "
+                         "retry partition %d", queue, partition)  # fmt: skip
+            self._retired["unread_notices" if value else "unread_withdrawn"] += 1
+            try:
+                self._producer.send(
+                    self.config.control_topic,
+                    key=unread_key(topic, partition, queue),
+                    value=value,
+                )
+            except KafkaError as exc:
+                self._trouble(exc, "control topic: notice not sent")
 
     def _reclaimed(self, partition: int, state: PartitionState) -> bool:
         """Once a partition kept through a rebalance is claimed anew (its producer was let
@@ -782,6 +816,12 @@ class Tracker:
                 "redelivered %s (queue %r, attempt %d, %s)",
                 copy.message_id, copy.queue, copy.attempt, copy.due.reason,
             )  # fmt: skip
+        if (
+            placed is not None
+            and not copy.dead_letter_queue
+            and not self._live(copy.destination, time.monotonic())
+        ):
+            self._notices.unread(copy.destination, placed[0])
         owner = self._states.get(copy.due.marker_partition)
         if owner is not None:
             owner.redelivered(

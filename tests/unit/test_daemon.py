@@ -27,6 +27,7 @@ from kafka.errors import (
 from kafka.structs import ConsumerGroupMetadata, MemberState
 
 from kmq import kafka_clients
+from kmq.control import UNREAD_VALUE, ControlTable, unread_key
 from kmq.errors import BrokerError
 from kmq.markers import QUEUE_LANE, RETRY_LANE, MarkerType, decode, encode_entries, parse
 from kmq.records import delivery_key, queue_headers
@@ -36,6 +37,7 @@ from tracker.daemon import Tracker, _Listener, markers_wait_ms
 from tracker.fencing import FenceWatch, PartitionWriters, Tenure, transactional_id
 from tracker.handover import BEACON_S, ClockBounds, parse_beacon, parse_tick
 from tracker.health import BrokerLink
+from tracker.notices import UnreadNotices
 from tracker.orphans import OwnerWatch, parse_owns
 from tracker.readers import LiveReaders
 from tracker.redeliver import Redeliverer, copy_of
@@ -101,6 +103,7 @@ class StubPauses:
     def __init__(self) -> None:
         self.caught_up = threading.Event()
         self.caught_up.set()
+        self.table = ControlTable()
 
     def paused_until_ms(self, queue: str) -> int:
         return 0
@@ -184,6 +187,7 @@ class Harness:
         t._seek = set()
         t._fence_watch = FenceWatch()
         t._tenure = Tenure()
+        t._notices = UnreadNotices()
         t._caught_up = threading.Event()
         t._nonce = 7
         t._clocks = ClockBounds(t._nonce)
@@ -679,6 +683,76 @@ def test_a_copy_nobody_took_is_copied_again_only_toward_a_live_reader(
     else:
         assert h.records.asked == [] and state.stats["unread_waits"] == 1
         assert state.watched == 1 and state.next_deadline() is not None
+
+
+class ControlSends:
+    """The tracker's plain producer, as far as the control topic's notices go."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes, bytes | None]] = []
+
+    def send(self, topic: str, *, key: bytes, value: bytes | None) -> None:
+        self.sent.append((topic, key, value))
+
+
+def notices_sent(h: Harness) -> list[tuple[str, bytes, bytes | None]]:
+    """What one check of the notices sends now (its half-second pace set aside)."""
+    sends = ControlSends()
+    raw: Any = h.tracker
+    raw._producer = sends
+    h.tracker._notices._next_check = 0.0
+    h.tracker._notice_unread()
+    return sends.sent
+
+
+def test_a_copy_written_with_no_reader_heard_is_noticed_then_withdrawn() -> None:
+    """Nobody reads the queue's retry lane (every reader killed, say): the tracker says on
+    the control topic where the copy is (kmq.adopted), and withdraws that once a reader of
+    the queue is heard again."""
+    h = Harness(partitions=(0,))
+    h.claim(0)
+    h.tracker._redeliver()
+    copy = h.producers.last(0).sent[0]
+    assert copy.partition is not None
+    key = unread_key(CONFIG.retry_topic, copy.partition, "orders")
+    assert notices_sent(h) == [(CONFIG.control_topic, key, UNREAD_VALUE)]
+    assert notices_sent(h) == [], "not again while it is on its way"
+    table = h.tracker._pauses.table
+    table.apply(key, UNREAD_VALUE)  # read back from the control topic
+    assert notices_sent(h) == []
+    h.tracker._readers.note([("kmq.reads", b"orders 3")], time.monotonic())
+    assert notices_sent(h) == [(CONFIG.control_topic, key, None)]
+    table.apply(key, None)
+    assert notices_sent(h) == []
+    assert h.tracker.stats()["unread_notices"] == h.tracker.stats()["unread_withdrawn"] == 1
+
+
+def test_no_notice_while_a_reader_of_the_queue_is_heard() -> None:
+    h = Harness(partitions=(0,))
+    h.claim(0)
+    h.tracker._readers.note([("kmq.reads", b"orders 1")], time.monotonic())
+    h.tracker._redeliver()
+    assert h.producers.last(0).sent, "redelivered"
+    assert notices_sent(h) == []
+
+
+def test_a_standing_notice_another_replica_wrote_is_withdrawn_once_a_reader_is_heard() -> None:
+    h = Harness(partitions=(0,))
+    key = unread_key(CONFIG.retry_topic, 1, "orders")
+    h.tracker._pauses.table.apply(key, UNREAD_VALUE)
+    assert notices_sent(h) == [], "nobody heard: it stands"
+    h.tracker._readers.note([("kmq.reads", b"orders 0")], time.monotonic())
+    assert notices_sent(h) == [(CONFIG.control_topic, key, None)]
+
+
+def test_a_copy_still_unread_with_no_reader_anywhere_is_noticed_again() -> None:
+    h = Harness(partitions=(0,))
+    h.claim(0)
+    watched_copy_due(h, partition=1)
+    h.tracker._redeliver()
+    assert h.states[0].stats["unread_waits"] == 1
+    key = unread_key(CONFIG.retry_topic, 1, "orders")
+    assert notices_sent(h) == [(CONFIG.control_topic, key, UNREAD_VALUE)]
 
 
 def test_a_transactional_producer_that_cannot_reach_kafka_gives_up_within_a_second() -> None:

@@ -9,7 +9,7 @@ import click
 import pytest
 
 from kmq.cli.pause import parse_until
-from kmq.control import LAYOUT_PREFIX, ControlTable, layout_key
+from kmq.control import LAYOUT_PREFIX, UNREAD_VALUE, ControlTable, layout_key, unread_key
 from kmq.layout import TopicLayout, encode_layout
 from kmq.pause import PauseTable, decode_pause, encode_pause
 
@@ -123,3 +123,25 @@ def test_parse_until(text: str, expected: datetime.datetime) -> None:
 def test_parse_until_rejects_nonsense(text: str) -> None:
     with pytest.raises(click.BadParameter):
         parse_until(text, NOW)
+
+
+def test_the_control_table_keeps_unread_notices_apart_from_pauses() -> None:
+    table = ControlTable()
+    table.apply(unread_key("t.retry", 2, "q"), UNREAD_VALUE)
+    table.apply(unread_key("t.retry", 0, "q"), UNREAD_VALUE)
+    table.apply(unread_key("other.retry", 1, "q"), UNREAD_VALUE)
+    for junk in (b"unread t.retry x q", b"unread t.retry 1", b"unread  1 q", b"unread "):
+        table.apply(junk, UNREAD_VALUE)
+    assert table.unread("t.retry", "q") == {0, 2}
+    assert table.unread_notices("t.retry") == [("q", 0), ("q", 2)]
+    assert table.unread("t.retry", "p") == frozenset()
+    assert table.pauses.paused_until_ms("unread t.retry 2 q", 0) == 0
+    table.apply(unread_key("t.retry", 2, "q"), None)  # withdrawn
+    table.apply(unread_key("t.retry", 0, "q"), b"")
+    assert table.unread("t.retry", "q") == frozenset() and table.unread_notices("t.retry") == []
+
+
+def test_an_earlier_release_takes_an_unread_notice_for_a_queue_that_is_not_paused() -> None:
+    pauses = PauseTable()
+    pauses.apply(unread_key("t.retry", 2, "q").decode(), UNREAD_VALUE)
+    assert pauses.paused_until_ms("q", 0) == 0 and decode_pause(UNREAD_VALUE) == 0
