@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 from zlib import crc32
@@ -35,6 +35,7 @@ from kafka.errors import KafkaError
 from kafka.structs import MemberState, OffsetAndMetadata
 
 from kmq import kafka_clients, metrics
+from kmq.adopted import Adopted
 from kmq.assignor import LayoutAssignor
 from kmq.config import AT_MOST_ONCE, EAGER, MAX_REDELIVERY_TIMEOUT_S, ConsumerConfig
 from kmq.continuity import Continuity
@@ -194,6 +195,10 @@ class Consumer:
         """The spares the group's leader gave this consumer at its last join."""
         self._spares_reading: frozenset[int] = frozenset()
         """Those it reads (still candidates)."""
+        self._adopted = Adopted(hold_s=2 * cfg.session_timeout_ms / 1000)
+        """Retry partitions it reads while no other consumer of the queue does (kmq.adopted)."""
+        self._noticed: frozenset[int] = frozenset()
+        self._notices_version = -1
         self._next_announce = 0.0
         self._queue_window: tuple[int, ...] = ()
         self._retry_window: tuple[int, ...] = ()
@@ -672,7 +677,7 @@ class Consumer:
             self._next_layout_check = now + _LAYOUT_CHECK_S
             self._refresh_layout()
             self._check_legacy()
-        if self._spares_reading and now >= self._next_announce:
+        if (self._spares_reading or self._adopted.partitions) and now >= self._next_announce:
             self._next_announce = now + _ANNOUNCE_S
             self._announce(now - _ANNOUNCE_S)
 
@@ -749,6 +754,7 @@ class Consumer:
             retry_reads(self._queue_window, self._retry_window, self._retry_read, self._assigned)
             | spares
         )
+        want |= self._adopt(want)
         if want == self._retry_reading:
             return
         self._retry_reading = frozenset(want)
@@ -757,6 +763,35 @@ class Consumer:
         self._rc.assign([TP(self._retry_topic, p) for p in sorted(want)])
         self._retry_poll_s = _RETRY_POLL_S
         self._next_retry_poll = 0.0
+
+    def _adopt(self, reading: Set[int]) -> frozenset[int]:
+        """The retry partitions this consumer reads besides ``reading`` because a tracker
+        said nobody reads them (:mod:`kmq.adopted`)."""
+        version = self._pauses.version
+        if version != self._notices_version:
+            self._notices_version = version
+            self._noticed = self._pauses.table.unread(self._retry_topic, self.queue)
+        if not self._noticed and not self._adopted.partitions:
+            return frozenset()
+        meta = self._kc.group_metadata()
+        new, gone = self._adopted.update(
+            self._noticed,
+            reading,
+            meta.generation_id,
+            meta.state == MemberState.STABLE,
+            time.monotonic(),
+        )
+        if new:
+            log.warning(
+                "queue %r: a tracker says nobody reads its retry partitions %s; reading them "
+                "until this consumer's group settles",
+                self.queue,
+                sorted(new),
+            )
+        if gone:
+            log.info("queue %r: no longer reading adopted retry partitions %s",
+                     self.queue, sorted(gone))  # fmt: skip
+        return self._adopted.partitions
 
     @staticmethod
     def _set_paused(client: KafkaConsumer, want: set[TopicPartition]) -> None:

@@ -224,6 +224,75 @@ def test_an_idle_members_spare_takes_the_copies_when_every_owner_is_killed(
         running.stop()
 
 
+def test_a_new_consumer_reads_the_copies_of_a_queue_whose_every_reader_was_killed(
+    broker: Broker, children: Children
+) -> None:
+    """The only worker of a queue holds four messages and is SIGKILLed; a new consumer
+    starts right after. Its group waits for the dead member's 15 s session before giving
+    it anything, and there is no other member to read the copies. The tracker, hearing no
+    reader of the queue, says on the control topic which retry partition the copies are on
+    (an ``unread`` notice), and the new consumer, which reads nothing of the queue's retry
+    lane yet, reads that partition meanwhile (kmq.adopted). Before that, the copies waited
+    for the group's rebalance, 15 s and more after the kill."""
+    tag = uuid.uuid4().hex[:10]
+    topics = Topics(f"u{tag}.queue", f"u{tag}.markers", f"u{tag}.control")
+    session_ms = 15_000  # copies are due after the 1 s lease: far sooner than this
+    names: dict[str, Any] = {
+        "bootstrap_servers": broker.bootstrap_servers,
+        "queue_topic": topics.queue,
+        "marker_topic": topics.markers,
+        "control_topic": topics.control,
+    }
+    ensure_topics(
+        kmq.ServiceConfig(**names, queue_partitions=2, queue_spread=1, marker_partitions=2)
+    )
+    running = RunningTracker(tracker_config_for(broker, topics))
+    service = kmq.Service(
+        **names, redelivery_timeout_s=REDELIVERY_TIMEOUT_S, session_timeout_ms=session_ms
+    )
+    try:
+        assert running.tracker.wait_caught_up(30), "tracker never caught up"
+        window = service.write_partitions("jobs")
+        retry_window = service.write_partitions("jobs", topics.retry)
+        worker = holding_worker(broker, topics, children, session_ms)
+        wait_until(
+            lambda: any(e.get("queue") == list(window) for e in worker.events()),
+            60,
+            "the worker to own the queue's partition",
+        )
+        producer = service.queue("jobs").producer()
+        for i in range(4):
+            producer.send(f"m{i}".encode())
+        lines = worker.wait_for('"event": "holding"', 30, count=4)
+        held = {json.loads(line)["id"] for line in lines}
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.proc.wait()
+        killed_at = time.monotonic()
+        got: dict[str, float] = {}
+        with service.queue("jobs").consumer(max_in_flight=8) as fresh:
+            while len(got) < len(held) and time.monotonic() < killed_at + 40:
+                msg = fresh.receive(timeout_s=0.5)
+                if msg is not None:
+                    assert msg.attempt == 2 and msg.id in held, (msg.id, msg.attempt)
+                    assert (msg.lane, msg.partition) == (1, retry_window[0]), msg
+                    if not fresh.assignment():  # the group has not settled yet
+                        got[msg.id] = time.monotonic() - killed_at
+                    msg.ack()
+        assert set(got) == held, (
+            f"copies taken before the group gave the new consumer anything: {got}"
+        )
+        assert max(got.values()) < session_ms / 1000, got
+        assert running.tracker.stats()["unread_notices"] >= 1
+        assert wait_until(
+            lambda: running.tracker.stats()["unread_withdrawn"] >= 1,
+            15,
+            "the notice to be withdrawn once the new consumer was heard",
+        )
+    finally:
+        service.close()
+        running.stop()
+
+
 def test_a_copy_whose_reader_froze_is_copied_again_to_a_live_one(
     broker: Broker,
     topics: Topics,

@@ -1,12 +1,16 @@
-"""A consumer's spare retry partitions (kmq.layout.spare_candidates), against a stub reader."""
+"""A consumer's spare retry partitions (kmq.layout.spare_candidates) and adopted ones
+(kmq.adopted), against a stub reader."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from kafka import TopicPartition
+from kafka.structs import ConsumerGroupMetadata, MemberState
 
+from kmq.adopted import Adopted
 from kmq.consumer import Consumer
+from kmq.control import UNREAD_VALUE, ControlTable, unread_key
 from kmq.reads import READS_HEADER, decode_reads
 
 
@@ -16,6 +20,26 @@ class StubRetryReader:
 
     def assign(self, partitions: list[TopicPartition]) -> None:
         self.assigned = partitions
+
+
+class StubControl:
+    """The control watcher: its table, and a version bumped with each record applied."""
+
+    def __init__(self) -> None:
+        self.table = ControlTable()
+        self.version = 0
+
+    def apply(self, key: bytes, value: bytes | None) -> None:
+        self.table.apply(key, value)
+        self.version += 1
+
+
+class StubGroupMember:
+    def __init__(self) -> None:
+        self.metadata = ConsumerGroupMetadata("g", -1, "", None, MemberState.REBALANCING)
+
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        return self.metadata
 
 
 def idle_consumer() -> Any:
@@ -32,6 +56,11 @@ def idle_consumer() -> Any:
     consumer._spares_reading = frozenset()
     consumer._retry_reading = frozenset()
     consumer._rc = StubRetryReader()
+    consumer._pauses = StubControl()
+    consumer._kc = StubGroupMember()
+    consumer._adopted = Adopted(hold_s=12.0)
+    consumer._noticed = frozenset()
+    consumer._notices_version = -1
     return consumer
 
 
@@ -66,3 +95,41 @@ def test_a_leader_that_gives_no_spares_stops_the_reading() -> None:
     consumer._on_spares(frozenset())
     consumer._follow_queue_partitions()
     assert consumer._rc.assigned == [] and consumer._spare_state()[1] == frozenset()
+
+
+def test_a_consumer_reading_nothing_reads_what_a_tracker_says_nobody_reads() -> None:
+    """Every reader of the queue killed: a new consumer, its group still waiting for them,
+    reads the noticed retry partition and names it (so the tracker hears a reader), until
+    its group settles."""
+    consumer = idle_consumer()
+    consumer._pauses.apply(unread_key("jobs.retry", 0, "jobs"), UNREAD_VALUE)
+    consumer._pauses.apply(unread_key("jobs.retry", 3, "other"), UNREAD_VALUE)
+    consumer._follow_queue_partitions()
+    assert consumer._rc.assigned == [TopicPartition("jobs.retry", 0)]
+    [(key, value)] = consumer._reads
+    assert (key, decode_reads(value)) == (READS_HEADER, ("jobs", frozenset({0})))
+    consumer._pauses.apply(unread_key("jobs.retry", 0, "jobs"), None)  # withdrawn: heard
+    consumer._follow_queue_partitions()
+    assert consumer._rc.assigned == [TopicPartition("jobs.retry", 0)], "kept: not settled"
+    consumer._kc.metadata = ConsumerGroupMetadata("g", 0, "m", None, MemberState.STABLE)
+    consumer._follow_queue_partitions()
+    assert consumer._rc.assigned == [] and consumer._reads == [], "its owner reads it now"
+
+
+def test_a_consumer_that_reads_a_spare_adopts_nothing() -> None:
+    consumer = idle_consumer()
+    consumer._on_spares(frozenset({2}))
+    consumer._pauses.apply(unread_key("jobs.retry", 0, "jobs"), UNREAD_VALUE)
+    consumer._follow_queue_partitions()
+    assert consumer._rc.assigned == [TopicPartition("jobs.retry", 2)]
+
+
+def test_an_adopted_partition_the_group_then_gives_stays_read() -> None:
+    consumer = idle_consumer()
+    consumer._pauses.apply(unread_key("jobs.retry", 0, "jobs"), UNREAD_VALUE)
+    consumer._follow_queue_partitions()
+    consumer._kc.metadata = ConsumerGroupMetadata("g", 0, "m", None, MemberState.STABLE)
+    consumer._assigned = frozenset({0})  # the queue partition retry partition 0 goes with
+    consumer._follow_queue_partitions()
+    assert consumer._rc.assigned == [TopicPartition("jobs.retry", 0)]
+    assert consumer._adopted.partitions == frozenset()
