@@ -782,7 +782,7 @@ class Consumer:
             time.monotonic(),
         )
         if new:
-            log.warning(
+            log.info(
                 "queue %r: a tracker says nobody reads its retry partitions %s; reading them "
                 "until this consumer's group settles",
                 self.queue,

@@ -666,9 +666,9 @@ class Tracker:
         sends += [(q, p, None) for q, p in withdraw]
         for queue, partition, value in sends:
             if value:
-                log.warning("queue %r: copies on retry partition %d, and no reader of the "
-                            "queue is heard: saying so on the control topic",
-                            queue, partition)  # fmt: skip
+                log.info("queue %r: copies on retry partition %d, and no reader of the "
+                         "queue is heard: saying so on the control topic",
+                         queue, partition)  # fmt: skip
             else:
                 log.info("queue %r: a reader is heard again; withdrawing the notice for "
                          "retry partition %d", queue, partition)  # fmt: skip
