@@ -61,7 +61,7 @@ def is_fenced(exc: BaseException) -> bool:
     ProducerFencedError", from ``begin_transaction()``). A fence first met by the
     producer's I/O thread (a send's partition added to the transaction) reaches the caller
     only in these forms: in a full chaos run, a replica took one for an ordinary failure
-    and retried with its fenced producer for 50 s."""
+    and retried with its fenced producer for 52 s."""
     if isinstance(exc, FENCED_ERRORS):
         return True
     if not isinstance(exc, KafkaError):
