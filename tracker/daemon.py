@@ -656,6 +656,8 @@ class Tracker:
     def _notice_unread(self) -> None:
         """Write and withdraw the control topic's ``unread`` notices (tracker.notices)."""
         now = time.monotonic()
+        if not self._notices.due(now):
+            return
         topic = self.config.retry_topic
         write, withdraw = self._notices.changes(
             self._pauses.table.unread_notices(topic),

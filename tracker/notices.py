@@ -33,6 +33,10 @@ class UnreadNotices:
         """A copy for ``queue`` is on retry partition ``partition`` with no reader heard."""
         self._unread.add((queue, partition))
 
+    def due(self, now: float) -> bool:
+        """Whether :meth:`changes` would look now."""
+        return now >= self._next_check
+
     def changes(
         self, standing: Iterable[Notice], live: Callable[[str], bool], now: float
     ) -> tuple[list[Notice], list[Notice]]:

@@ -26,7 +26,9 @@ def test_an_unread_copy_is_noticed_once_and_again_only_after_the_resend_time() -
 
 def test_checks_are_paced() -> None:
     notices = UnreadNotices()
+    assert notices.due(0.0)
     assert notices.changes([], nobody, 0.0) == ([], [])
+    assert not notices.due(CHECK_EVERY_S / 2) and notices.due(CHECK_EVERY_S)
     notices.unread("q", 1)
     assert notices.changes([], nobody, CHECK_EVERY_S / 2) == ([], [])
     assert notices.changes([], nobody, CHECK_EVERY_S) == ([("q", 1)], []), "kept until then"
