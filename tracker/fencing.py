@@ -51,27 +51,8 @@ def transactional_id(group_id: str, marker_topic: str, partition: int) -> str:
 
 
 def is_fenced(exc: BaseException) -> bool:
-    """Whether ``exc`` says another replica has claimed the partition since.
-
-    kafka-python 3.0.12 raises the fence itself only once: after that the producer is in
-    an error state, and each call raises a plain KafkaError that carries the fence as an
-    argument ("Cannot perform send because at least one previous transactional or
-    idempotent request has failed", from ``send()``) or only in its text ("Cannot execute
-    transactional method because we are in an error state: [Error 90]
-    ProducerFencedError", from ``begin_transaction()``). A fence first met by the
-    producer's I/O thread (a send's partition added to the transaction) reaches the caller
-    only in these forms: in a full chaos run, a replica took one for an ordinary failure
-    and retried with its fenced producer for 52 s."""
-    if isinstance(exc, FENCED_ERRORS):
-        return True
-    if not isinstance(exc, KafkaError):
-        return False
-    if any(isinstance(arg, FENCED_ERRORS) for arg in exc.args):
-        return True
-    if isinstance(exc.__cause__, FENCED_ERRORS):
-        return True
-    text = " ".join(str(arg) for arg in exc.args)
-    return any(cls.__name__ in text for cls in FENCED_ERRORS)
+    """Whether ``exc`` says another replica has claimed the partition since."""
+    return isinstance(exc, FENCED_ERRORS)
 
 
 class PartitionWriters:

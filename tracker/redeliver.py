@@ -215,15 +215,8 @@ class Redeliverer:
                 txn_wait.abort(txn, self._txn_timeout_s)
             except TransactionStuck:
                 return RoundOutcome(False, stuck=True)
-            except KafkaError as abort_exc:
-                if is_fenced(abort_exc):
-                    return RoundOutcome(False, fenced=True)
-                # A producer that can neither commit nor abort is in an error state it
-                # does not leave (kafka-python's fatal errors): give it up, and claim the
-                # partition with a new one, rather than fail every round with it.
-                log.warning("redelivery transaction not aborted (%r); claiming the "
-                            "partition again", abort_exc)  # fmt: skip
-                return RoundOutcome(False, stuck=True)
+            except KafkaError:
+                pass
             return RoundOutcome(False)
         return RoundOutcome(
             True,
