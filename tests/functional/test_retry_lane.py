@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
@@ -150,6 +151,65 @@ def test_a_killed_holders_copies_reach_a_live_reader_before_its_group_notices(
         )
 
 
+@contextlib.contextmanager
+def one_partition_queue(
+    broker: Broker, queue_partitions: int, session_ms: int
+) -> Iterator[tuple[Topics, RunningTracker, kmq.Service]]:
+    """Topics of its own on which queue "jobs" is spread over one partition of
+    ``queue_partitions``, a tracker, and a service whose consumers have ``session_ms``
+    sessions."""
+    tag = uuid.uuid4().hex[:10]
+    topics = Topics(f"s{tag}.queue", f"s{tag}.markers", f"s{tag}.control")
+    names: dict[str, Any] = {
+        "bootstrap_servers": broker.bootstrap_servers,
+        "queue_topic": topics.queue,
+        "marker_topic": topics.markers,
+        "control_topic": topics.control,
+    }
+    ensure_topics(
+        kmq.ServiceConfig(
+            **names, queue_partitions=queue_partitions, queue_spread=1, marker_partitions=2
+        )
+    )
+    running = RunningTracker(tracker_config_for(broker, topics))
+    service = kmq.Service(
+        **names, redelivery_timeout_s=REDELIVERY_TIMEOUT_S, session_timeout_ms=session_ms
+    )
+    try:
+        assert running.tracker.wait_caught_up(30), "tracker never caught up"
+        assert len(service.write_partitions("jobs")) == 1
+        assert len(service.write_partitions("jobs", topics.retry)) == 1
+        yield topics, running, service
+    finally:
+        service.close()
+        running.stop()
+
+
+def owning_worker(
+    broker: Broker, topics: Topics, children: Children, service: kmq.Service, session_ms: int
+) -> Child:
+    """A holding worker (holding_worker), once it owns the queue's partition."""
+    window = service.write_partitions("jobs")
+    worker = holding_worker(broker, topics, children, session_ms)
+    wait_until(
+        lambda: any(e.get("queue") == list(window) for e in worker.events()),
+        60,
+        "the worker to own the queue's partition",
+    )
+    return worker
+
+
+def kill_holding_four(service: kmq.Service, worker: Child) -> tuple[set[str], float]:
+    """Send four messages, wait for the worker to hold them, SIGKILL it: (their ids, when)."""
+    producer = service.queue("jobs").producer()
+    for i in range(4):
+        producer.send(f"m{i}".encode())
+    lines = worker.wait_for('"event": "holding"', 30, count=4)
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.proc.wait()
+    return {json.loads(line)["id"] for line in lines}, time.monotonic()
+
+
 def test_an_idle_members_spare_takes_the_copies_when_every_owner_is_killed(
     broker: Broker, children: Children
 ) -> None:
@@ -160,33 +220,10 @@ def test_an_idle_members_spare_takes_the_copies_when_every_owner_is_killed(
     reach the idle consumer while the group still waits for the dead member's session to
     run out. Before spares, they went to the dead owner's retry partition and waited for
     the group to notice and rebalance."""
-    tag = uuid.uuid4().hex[:10]
-    topics = Topics(f"s{tag}.queue", f"s{tag}.markers", f"s{tag}.control")
     session_ms = 15_000  # copies are due after the 1 s lease: far sooner than this
-    names: dict[str, Any] = {
-        "bootstrap_servers": broker.bootstrap_servers,
-        "queue_topic": topics.queue,
-        "marker_topic": topics.markers,
-        "control_topic": topics.control,
-    }
-    ensure_topics(
-        kmq.ServiceConfig(**names, queue_partitions=4, queue_spread=1, marker_partitions=2)
-    )
-    running = RunningTracker(tracker_config_for(broker, topics))
-    service = kmq.Service(
-        **names, redelivery_timeout_s=REDELIVERY_TIMEOUT_S, session_timeout_ms=session_ms
-    )
-    try:
-        assert running.tracker.wait_caught_up(30), "tracker never caught up"
-        window = service.write_partitions("jobs")
+    with one_partition_queue(broker, 4, session_ms) as (topics, running, service):
         retry_window = service.write_partitions("jobs", topics.retry)
-        assert len(window) == len(retry_window) == 1
-        worker = holding_worker(broker, topics, children, session_ms)
-        wait_until(
-            lambda: any(e.get("queue") == list(window) for e in worker.events()),
-            60,
-            "the worker to own the queue's partition",
-        )
+        worker = owning_worker(broker, topics, children, service, session_ms)
         with service.queue("jobs").consumer(max_in_flight=8) as idle:
             wait_until(
                 lambda: bool(idle.retry_assignment()) and not idle.assignment(),
@@ -200,14 +237,7 @@ def test_an_idle_members_spare_takes_the_copies_when_every_owner_is_killed(
                 15,
                 "the tracker to hear that the idle consumer reads its spare",
             )
-            producer = service.queue("jobs").producer()
-            for i in range(4):
-                producer.send(f"m{i}".encode())
-            lines = worker.wait_for('"event": "holding"', 30, count=4)
-            held = {json.loads(line)["id"] for line in lines}
-            os.kill(worker.pid, signal.SIGKILL)
-            worker.proc.wait()
-            killed_at = time.monotonic()
+            held, killed_at = kill_holding_four(service, worker)
             got: dict[str, tuple[int, int]] = {}
             while len(got) < len(held) and time.monotonic() < killed_at + 30:
                 msg = idle.receive(timeout_s=0.5)
@@ -219,9 +249,6 @@ def test_an_idle_members_spare_takes_the_copies_when_every_owner_is_killed(
             assert set(got) == held
             assert {lane for lane, _ in got.values()} == {1}
             assert {partition for _, partition in got.values()} <= spares, got
-    finally:
-        service.close()
-        running.stop()
 
 
 def test_a_new_consumer_reads_the_copies_of_a_queue_whose_every_reader_was_killed(
@@ -234,40 +261,11 @@ def test_a_new_consumer_reads_the_copies_of_a_queue_whose_every_reader_was_kille
     (an ``unread`` notice), and the new consumer, which reads nothing of the queue's retry
     lane yet, reads that partition meanwhile (kmq.adopted). Before that, the copies waited
     for the group's rebalance, 15 s and more after the kill."""
-    tag = uuid.uuid4().hex[:10]
-    topics = Topics(f"u{tag}.queue", f"u{tag}.markers", f"u{tag}.control")
     session_ms = 15_000  # copies are due after the 1 s lease: far sooner than this
-    names: dict[str, Any] = {
-        "bootstrap_servers": broker.bootstrap_servers,
-        "queue_topic": topics.queue,
-        "marker_topic": topics.markers,
-        "control_topic": topics.control,
-    }
-    ensure_topics(
-        kmq.ServiceConfig(**names, queue_partitions=2, queue_spread=1, marker_partitions=2)
-    )
-    running = RunningTracker(tracker_config_for(broker, topics))
-    service = kmq.Service(
-        **names, redelivery_timeout_s=REDELIVERY_TIMEOUT_S, session_timeout_ms=session_ms
-    )
-    try:
-        assert running.tracker.wait_caught_up(30), "tracker never caught up"
-        window = service.write_partitions("jobs")
+    with one_partition_queue(broker, 2, session_ms) as (topics, running, service):
         retry_window = service.write_partitions("jobs", topics.retry)
-        worker = holding_worker(broker, topics, children, session_ms)
-        wait_until(
-            lambda: any(e.get("queue") == list(window) for e in worker.events()),
-            60,
-            "the worker to own the queue's partition",
-        )
-        producer = service.queue("jobs").producer()
-        for i in range(4):
-            producer.send(f"m{i}".encode())
-        lines = worker.wait_for('"event": "holding"', 30, count=4)
-        held = {json.loads(line)["id"] for line in lines}
-        os.kill(worker.pid, signal.SIGKILL)
-        worker.proc.wait()
-        killed_at = time.monotonic()
+        worker = owning_worker(broker, topics, children, service, session_ms)
+        held, killed_at = kill_holding_four(service, worker)
         got: dict[str, float] = {}
         with service.queue("jobs").consumer(max_in_flight=8) as fresh:
             while len(got) < len(held) and time.monotonic() < killed_at + 40:
@@ -283,14 +281,11 @@ def test_a_new_consumer_reads_the_copies_of_a_queue_whose_every_reader_was_kille
         )
         assert max(got.values()) < session_ms / 1000, got
         assert running.tracker.stats()["unread_notices"] >= 1
-        assert wait_until(
+        wait_until(
             lambda: running.tracker.stats()["unread_withdrawn"] >= 1,
             15,
             "the notice to be withdrawn once the new consumer was heard",
         )
-    finally:
-        service.close()
-        running.stop()
 
 
 def test_a_copy_whose_reader_froze_is_copied_again_to_a_live_one(

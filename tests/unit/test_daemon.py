@@ -520,15 +520,20 @@ def test_kept_partitions_assigned_after_a_missed_generation_are_claimed_again() 
     assert len(h.producers.made[0]) == 2
 
 
+def silent_owner_of_2(h: Harness) -> OwnerWatch:
+    """Replica 99, which holds markers partition 2, silent for 5 s; returns the watch."""
+    watch = h.tracker._owners
+    assert watch is not None
+    watch.heard(99, frozenset({2}), 0.0, time.monotonic() - 5.0)
+    return watch
+
+
 def test_a_partition_adopted_then_assigned_in_the_next_generation_keeps_its_claim() -> None:
     h = Harness(partitions=(0, 1))
     t = h.tracker
     h.claim(0, 1)
-    watch = t._owners
-    assert watch is not None
     now = time.monotonic()
-    watch.heard(99, frozenset({2}), 0.0, now - 5.0)
-    watch.heard(t._nonce, frozenset({0, 1}), now - 0.2, now - 0.1)
+    silent_owner_of_2(h).heard(t._nonce, frozenset({0, 1}), now - 0.2, now - 0.1)
     t._adopt()  # in generation 5 (the stub's)
     assert t._kept == {2} and len(h.producers.made[2]) == 1
     t._on_assigned([0, 1, 2], GROUP_METADATA.generation_id + 1)
@@ -876,10 +881,8 @@ def test_a_silent_owners_partition_is_adopted_claimed_and_left_at_the_next_assig
     h = Harness(partitions=(0, 1))
     t = h.tracker
     h.claim(0, 1)
-    watch = t._owners
-    assert watch is not None
+    watch = silent_owner_of_2(h)
     now = time.monotonic()
-    watch.heard(99, frozenset({2}), 0.0, now - 5.0)  # a replica silent since
     watch.heard(88, frozenset({3}), 0.0, now - 0.5)  # a live one
     t._adopt()
     assert t.partitions() == [0, 1], "its own beacons not read back past the silence yet"
