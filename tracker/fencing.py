@@ -241,8 +241,11 @@ class Tenure:
     other gap (a generation this replica missed, or an adoption and an assignment further
     apart) is claimed anew. Either way the fence keeps it safe: a replica that claimed the
     partition outside the group meanwhile (adopting it from this one while it was silent)
-    fences this one's next transaction, which is then dropped and taken up again
-    (:class:`FenceWatch`).
+    fences this one's next transaction. When kafka-python raises the fence as such, the
+    partition is dropped and taken up again (:class:`FenceWatch`); when it reports it only
+    as a plain "error state" KafkaError (see :func:`is_fenced`, which misses that form),
+    the fenced producer is kept and its rounds fail until the group moves the partition
+    (52 s in chaos run 36): latency, not loss.
     """
 
     def __init__(self) -> None:
