@@ -100,6 +100,15 @@ from tracker.config import TrackerConfig
     help="/healthz fails once the run loop has not turned for this long.",
 )
 @click.option(
+    "--stalled-after-s",
+    envvar="KMQ_STALLED_AFTER_S",
+    show_envvar=True,
+    type=float,
+    default=30.0,
+    help="Report a markers partition whose reading stands still below its high watermark "
+    "this long (a transaction the broker has not ended): an ERROR line, /readyz fails.",
+)
+@click.option(
     "--unread-copy-s",
     envvar="KMQ_UNREAD_COPY_S",
     show_envvar=True,
@@ -162,6 +171,7 @@ def main(
     request_timeout_ms: int,
     metrics_port: int,
     liveness_timeout_s: float,
+    stalled_after_s: float,
     unread_copy_s: float,
     tick_interval_s: float,
     adopt_after_s: float,
@@ -189,6 +199,7 @@ def main(
             request_timeout_ms=request_timeout_ms,
             metrics_port=metrics_port,
             liveness_timeout_s=liveness_timeout_s,
+            stalled_after_s=stalled_after_s,
             unread_copy_s=unread_copy_s,
             tick_interval_s=tick_interval_s,
             adopt_after_s=adopt_after_s,

@@ -72,6 +72,12 @@ class TrackerConfig:
     leases are redelivered without waiting out the owner's session and a rebalance. The
     claim fences the owner, should it only have been frozen (:mod:`tracker.orphans`).
     0: never; needs ticks (``tick_interval_s``), whose beacons say who holds what."""
+    stalled_after_s: float = 30.0
+    """A markers partition whose reading stands still below its high watermark this long
+    is reported (an ERROR line, ``/readyz``, ``kmq_tracker_stalled_seconds``): a
+    transaction the broker has not ended holds back everything written there after it.
+    Apache Kafka ends one within its transaction timeout (60 s by default); a longer stall
+    is a hanging transaction."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bootstrap_servers", normalize_bootstrap(self.bootstrap_servers))
@@ -107,6 +113,7 @@ class TrackerConfig:
         if self.metrics_port > 65535:
             raise ConfigError(f"metrics_port must be 0 (none) to 65535, got {self.metrics_port}")
         check_seconds(self.liveness_timeout_s, "liveness_timeout_s", maximum=86400)
+        check_seconds(self.stalled_after_s, "stalled_after_s", maximum=86400)
         if isinstance(self.unread_copy_s, bool) or self.unread_copy_s != 0:
             check_seconds(self.unread_copy_s, "unread_copy_s (or 0: off)", maximum=3600)
         if isinstance(self.tick_interval_s, bool) or self.tick_interval_s != 0:

@@ -49,6 +49,7 @@ from tracker.orphans import OwnerWatch, owns_text
 from tracker.readers import LiveReaders
 from tracker.redeliver import TXN_TIMEOUT_S, Copy, Redeliverer, RoundOutcome, copy_of
 from tracker.reread import RecordReader
+from tracker.stall import Change, Stall
 from tracker.state import Due, PartitionState, floor_ms
 from tracker.view import TrackerView, partition_view
 
@@ -98,6 +99,7 @@ class Tracker:
         self._caught_up = threading.Event()
         self._committed: dict[int, int] = {}
         self._fresh: set[int] = set()  # assigned, first batch not read yet
+        self._stalls: dict[int, Stall] = {}
         self._kept: set[int] = set()
         """Given up by an eager rebalance, or adopted from a silent owner (:meth:`_adopt`):
         read and redelivered from, never committed (fenced if another replica claims
@@ -285,7 +287,8 @@ class Tracker:
         """What metrics and probes show, read from any thread without stopping the loop."""
         now = time.monotonic()
         partitions = tuple(
-            sorted((partition_view(s, now) for s in list(self._states.values())),
+            sorted((partition_view(s, now, self._stalls.get(s.partition))
+                    for s in list(self._states.values())),
                    key=lambda p: p.partition)
         )  # fmt: skip
         totals = Counter(dict(self._retired))
@@ -485,6 +488,7 @@ class Tracker:
             if highwater is not None:
                 state.set_end_offset(highwater)  # the first one only: the replay gate
                 state.highwater = highwater
+            self._watch_stall(partition, position, highwater)
         if (
             self._states
             and not self._caught_up.is_set()
@@ -492,6 +496,25 @@ class Tracker:
         ):
             log.info("caught up on partitions %s", self.partitions())
             self._caught_up.set()
+
+    def _watch_stall(self, partition: int, position: int, highwater: int | None) -> None:
+        stall = self._stalls.get(partition)
+        if stall is None:
+            stall = self._stalls[partition] = Stall(self.config.stalled_after_s)
+        now = time.monotonic()
+        change = stall.observe(position, highwater, now)
+        if change is Change.STALLED:
+            self._retired["stalled"] += 1
+            log.error(
+                "markers partition %d: reading has stood at offset %d, below the high "
+                "watermark %s, for %.0f s: a transaction the broker has not ended holds "
+                "it, and nothing written there after it is tracked or redelivered until "
+                "it ends",
+                partition, position, highwater, stall.stalled_for(now),
+            )  # fmt: skip
+        elif change is Change.RESUMED:
+            log.warning("markers partition %d: reading moves again (offset %d)",
+                        partition, position)  # fmt: skip
 
     def _probe(self) -> None:
         """Where a deadline has passed by the clock but not yet by the log, write a PROBE
@@ -933,6 +956,7 @@ class Tracker:
             self._fresh.discard(partition)
             self._reclaim.discard(partition)
             self._tenure.forget(partition)
+            self._stalls.pop(partition, None)
             state = self._states.pop(partition)
             self._retired.update(state.stats)
             self._committed.pop(partition, None)

@@ -68,6 +68,12 @@ class TrackerCollector(Collector):
             "1 while the replay gate is closed: nothing is redelivered from the partition.",
             labels=labels,
         )
+        stalled = GaugeMetricFamily(
+            "kmq_tracker_stalled_seconds",
+            "How long reading has stood still below the partition's high watermark, once "
+            "past stalled_after_s (a transaction the broker has not ended); 0 otherwise.",
+            labels=labels,
+        )
         for p in v.partitions:
             part = str(p.partition)
             for kind in MARKER_TYPES:
@@ -80,7 +86,10 @@ class TrackerCollector(Collector):
             oldest.add_metric([part], p.oldest_in_flight_s)
             lag.add_metric([part], p.lag_records)
             replaying.add_metric([part], _flag(p.replaying))
-        yield from (markers, redeliveries, dead_letters, bad, in_flight, oldest, lag, replaying)
+            stalled.add_metric([part], p.stalled_s)
+        yield from (
+            markers, redeliveries, dead_letters, bad, in_flight, oldest, lag, replaying, stalled
+        )
         events = CounterMetricFamily(
             "kmq_tracker_events",
             "The tracker's other counters (the stats: log line), since the process started.",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tracker.stall import Stall
 from tracker.state import PartitionState
 
 
@@ -24,6 +25,9 @@ class PartitionView:
     """Markers records between the tracker's position and the partition's end."""
     replaying: bool
     """The replay gate is still closed: nothing is redelivered from the partition yet."""
+    stalled_s: float = 0.0
+    """How long reading has stood still short of the partition's end, once that is longer
+    than ``stalled_after_s`` (:mod:`tracker.stall`); 0 otherwise."""
 
 
 @dataclass(frozen=True)
@@ -60,11 +64,18 @@ class TrackerView:
         replaying = [p.partition for p in self.partitions if p.replaying]
         if replaying:
             out.append(f"replaying partitions {replaying}")
+        for p in self.partitions:
+            if p.stalled_s:
+                out.append(
+                    f"markers partition {p.partition}: reading stalled for {p.stalled_s:.0f} s "
+                    "below the high watermark (a transaction the broker has not ended)"
+                )
         return out
 
 
-def partition_view(state: PartitionState, now: float) -> PartitionView:
-    """``state`` as of now (monotonic seconds), read from any thread."""
+def partition_view(state: PartitionState, now: float, stall: Stall | None = None) -> PartitionView:
+    """``state`` (and its :class:`~tracker.stall.Stall`) as of now (monotonic seconds),
+    read from any thread."""
     oldest = None
     for _ in range(3):  # the run loop may change the dict under the read: read again
         try:
@@ -81,4 +92,5 @@ def partition_view(state: PartitionState, now: float) -> PartitionView:
         oldest_in_flight_s=max(0.0, now - oldest) if oldest is not None else 0.0,
         lag_records=max(0, lag),
         replaying=state.replaying,
+        stalled_s=stall.stalled_for(now) if stall is not None else 0.0,
     )

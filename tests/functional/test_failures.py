@@ -784,3 +784,47 @@ def test_a_record_over_the_consumers_limit_is_still_delivered(
         msg = consumer.receive(timeout_s=30)
         assert msg is not None and (msg.id, msg.payload) == (sent, payload)
         msg.ack()
+
+
+def test_a_transaction_left_open_on_the_markers_is_reported_and_reading_resumes_when_it_ends(
+    broker: Broker, topics: Topics, service: kmq.Service, tracker_config: TrackerConfig
+) -> None:
+    """A transaction nobody ends holds a markers partition's last stable offset: the tracker
+    reads nothing past it. It must say so (an ERROR, ``/readyz``, a gauge) rather than sit
+    silent, and carry on once the transaction ends."""
+    hanging = KafkaProducer(
+        bootstrap_servers=broker.bootstrap_servers,
+        transactional_id=f"hang-{topics.markers}",
+        transaction_timeout_ms=60_000,  # longer than the test: only the abort below ends it
+    )
+    hanging.init_transactions()
+    hanging.begin_transaction()
+    for partition in (0, 1):
+        hanging.send(topics.markers, b"never committed", partition=partition)
+    hanging.flush()
+    running = RunningTracker(dataclasses.replace(tracker_config, stalled_after_s=1.0))
+    try:
+        q = service.queue("held")
+        sent = q.producer().send(b"behind the open transaction")
+        with q.consumer() as consumer:
+            msg = consumer.receive(timeout_s=15)
+            assert msg is not None and msg.id == sent
+            msg.nack()  # its START and NACK lie past the open transaction
+
+            def stalled() -> list[int]:
+                return [p.partition for p in running.tracker.view().partitions if p.stalled_s]
+
+            wait_until(lambda: len(stalled()) == 2, 20, "both markers partitions reported")
+            problems = running.tracker.view().problems()
+            assert any("reading stalled" in problem for problem in problems), problems
+            assert running.tracker.stats()["stalled"] == 2
+            assert consumer.receive(timeout_s=1.5) is None  # nothing redelivered meanwhile
+            hanging.abort_transaction()
+            again = consumer.receive(timeout_s=15)
+            assert again is not None and (again.id, again.attempt) == (sent, 2)
+            again.ack()
+        assert running.tracker.wait_caught_up(10)
+        wait_until(lambda: not stalled(), 10, "the stall over")
+    finally:
+        running.stop()
+        hanging.close(timeout=1)

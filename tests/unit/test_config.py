@@ -218,6 +218,7 @@ BAD_TRACKER = [
     ("max_message_bytes", True),
     *[("unread_copy_s", v) for v in (-1, math.nan, 3601, "2", True, False)],
     *[("adopt_after_s", v) for v in (-1, math.nan, 3601, "2", True, False, 1.0, 1.999)],
+    *[("stalled_after_s", v) for v in (0, -1, math.nan, 86_401, "30", True)],
 ]
 
 

@@ -187,6 +187,7 @@ class Harness:
         t._seek = set()
         t._fence_watch = FenceWatch()
         t._tenure = Tenure()
+        t._stalls = {}
         t._notices = UnreadNotices()
         t._caught_up = threading.Event()
         t._nonce = 7

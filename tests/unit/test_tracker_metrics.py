@@ -18,6 +18,7 @@ from kmq.markers import Marker, MarkerType, encode_batch
 from kmq.records import delivery_key
 from tracker.health import BrokerLink, ProbeServer
 from tracker.metrics import registry
+from tracker.stall import Change, Stall
 from tracker.state import READ_AT_STEP_S, PartitionState
 from tracker.view import TrackerView, partition_view
 
@@ -202,6 +203,26 @@ def test_readiness(overrides: dict[str, object], ready: bool, problem: str | Non
 def test_a_partition_still_replaying_is_not_ready() -> None:
     v = view_of(known_state(), replaying_state())
     assert not v.ready and v.problems() == ["replaying partitions [1]"]
+
+
+def test_a_stalled_partition_is_a_gauge_and_not_ready() -> None:
+    stall = Stall(after_s=30)
+    stall.observe(0, 5, NOW - 45)
+    assert stall.observe(0, 5, NOW - 10) is Change.STALLED
+    v = replace(
+        view_of(known_state()),
+        partitions=(
+            partition_view(known_state(), NOW),
+            partition_view(replaying_state(), NOW, stall),
+        ),
+    )
+    assert sample(v, "kmq_tracker_stalled_seconds", partition="1") == 45
+    assert sample(v, "kmq_tracker_stalled_seconds", partition="0") == 0
+    assert v.problems() == [
+        "replaying partitions [1]",
+        "markers partition 1: reading stalled for 45 s below the high watermark (a "
+        "transaction the broker has not ended)",
+    ]
 
 
 def test_a_replica_with_no_partitions_is_a_ready_standby() -> None:
