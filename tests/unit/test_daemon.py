@@ -229,8 +229,21 @@ class Harness:
         {"begin_transaction": ProducerFencedError()},
         {"send_offsets_to_transaction": InvalidProducerEpochError()},
         {"commit_transaction": InvalidProducerEpochError()},
+        # kafka-python 3.0.12, its producer fenced on its I/O thread before this round:
+        {
+            "begin_transaction": KafkaError(
+                "Cannot execute transactional method because we are in an error state: "
+                f"{ProducerFencedError()}"
+            )
+        },
     ],
-    ids=["fenced-at-commit", "fenced-at-begin", "epoch-at-offsets", "epoch-at-commit"],
+    ids=[
+        "fenced-at-commit",
+        "fenced-at-begin",
+        "epoch-at-offsets",
+        "epoch-at-commit",
+        "fenced-in-an-error-state",
+    ],
 )
 def test_a_fenced_round_drops_the_partition_without_redelivering(
     fail: dict[str, BaseException],

@@ -75,12 +75,29 @@ def test_transactional_id_names_the_partition(
         (KafkaConnectionError("down"), False),
         (KafkaError("other"), False),
         (ValueError("not kafka"), False),
+        (KafkaError("Cannot perform send because ...", ProducerFencedError()), True),
+        (KafkaError(f"... in an error state: {ProducerFencedError()}"), True),
+        (KafkaError(f"... in an error state: {InvalidProducerEpochError()}"), True),
+        (KafkaError(f"... in an error state: {KafkaTimeoutError()}"), False),
+        (ValueError("ProducerFencedError"), False),
     ],
-    ids=["producer-fenced", "invalid-epoch", "timeout", "connection", "kafka-error", "value-error"],
+    ids=[
+        "producer-fenced",
+        "invalid-epoch",
+        "timeout",
+        "connection",
+        "kafka-error",
+        "value-error",
+        "send-in-error-state",
+        "fenced-error-state",
+        "epoch-error-state",
+        "other-error-state",
+        "not-kafka-text",
+    ],
 )
 def test_is_fenced(exc: BaseException, fenced: bool) -> None:
     assert is_fenced(exc) is fenced
-    assert isinstance(exc, FENCED_ERRORS) is fenced
+    assert fenced or not isinstance(exc, FENCED_ERRORS)
 
 
 def test_claim_initialises_a_producer_named_for_the_partition() -> None:
