@@ -7,8 +7,8 @@ are then sent at once on two connections (what a client's retry of a commit, or 
 owner's claim rolling the transaction back, amounts to at the broker). Then another
 producer commits a transaction on the same two partitions, and a read_committed reader
 reads each partition from the start. On Apache Kafka it always reaches the high watermark.
-On Tansu 0.6 (the embedded broker) it stopped short, for good, within 2 to 9 tries in each
-of five runs on a 2-core machine: Tansu finished the transaction in one call while the other
+On Tansu 0.6 (the embedded broker) it stopped short, for good, within 2 to 21 tries in each
+of six runs on a 2-core machine: Tansu finished the transaction in one call while the other
 was still writing its commit markers, recorded those markers' offsets into the finished
 transaction, and no later transaction overlapping them can finish again. That held chaos
 runs 37 and 38's markers partitions and lost their messages (README, *Under chaos*).
@@ -84,6 +84,17 @@ def end_twice_at_once(connections: list[tuple[Any, Any]], request: Any) -> list[
     return answers
 
 
+def open_transaction(servers: str, transactional_id: str, topics: list[str]) -> Any:
+    """A producer with a transaction begun and one record in partition 0 of each topic."""
+    producer = KafkaProducer(bootstrap_servers=servers, transactional_id=transactional_id)
+    producer.init_transactions()
+    producer.begin_transaction()
+    for topic in topics:
+        producer.send(topic, transactional_id.encode(), partition=0)
+    producer.flush()
+    return producer
+
+
 def run(servers: str, tries: int) -> bool:
     """True when the partitions got stuck."""
     tag = uuid.uuid4().hex[:8]
@@ -93,12 +104,7 @@ def run(servers: str, tries: int) -> bool:
     admin.close()
     connections = [connection(servers), connection(servers)]
     for attempt in range(1, tries + 1):
-        owner = KafkaProducer(bootstrap_servers=servers, transactional_id=f"{tag}-owner-{attempt}")
-        owner.init_transactions()
-        owner.begin_transaction()
-        for topic in topics:
-            owner.send(topic, b"owner", partition=0)
-        owner.flush()
+        owner = open_transaction(servers, f"{tag}-owner-{attempt}", topics)
         ids = owner._transaction_manager.producer_id_and_epoch
         request = EndTxnRequest_v0(
             transactional_id=f"{tag}-owner-{attempt}",
@@ -107,12 +113,7 @@ def run(servers: str, tries: int) -> bool:
             committed=True,
         )
         answers = end_twice_at_once(connections, request)
-        later = KafkaProducer(bootstrap_servers=servers, transactional_id=f"{tag}-later-{attempt}")
-        later.init_transactions()
-        later.begin_transaction()
-        for topic in topics:
-            later.send(topic, b"later", partition=0)
-        later.flush()
+        later = open_transaction(servers, f"{tag}-later-{attempt}", topics)
         later.commit_transaction()
         read = [reaches_end(servers, topic, 2.0) for topic in topics]
         print(f"try {attempt}: EndTxn answers {answers}; read_committed reached the end: "
