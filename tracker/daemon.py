@@ -502,7 +502,8 @@ class Tracker:
         if stall is None:
             stall = self._stalls[partition] = Stall(self.config.stalled_after_s)
         now = time.monotonic()
-        change = stall.observe(position, highwater, now)
+        # Nothing is read while Kafka cannot be reached either; that has its own report.
+        change = stall.observe(position if self._link.up else None, highwater, now)
         if change is Change.STALLED:
             self._retired["stalled"] += 1
             log.error(
@@ -513,7 +514,7 @@ class Tracker:
                 partition, position, highwater, stall.stalled_for(now),
             )  # fmt: skip
         elif change is Change.RESUMED:
-            log.warning("markers partition %d: reading moves again (offset %d)",
+            log.warning("markers partition %d: no longer stalled (offset %d)",
                         partition, position)  # fmt: skip
 
     def _probe(self) -> None:
