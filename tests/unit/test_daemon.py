@@ -10,6 +10,7 @@ reader and the pause table."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import socket
 import threading
 import time
@@ -915,3 +916,32 @@ def test_a_silent_owners_partition_is_adopted_claimed_and_left_at_the_next_assig
     )
     t._on_assigned([0, 1])  # the group gave it to another replica
     assert t.partitions() == [0, 1] and h.writers.get(2) is None
+
+
+def test_a_partition_read_no_further_is_reported_once_and_not_while_kafka_is_lost(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    h = Harness(partitions=(0,))
+    t = h.tracker
+    clock = [1000.0]
+    monkeypatch.setattr("tracker.daemon.time.monotonic", lambda: clock[0])
+    caplog.set_level(logging.WARNING, logger="kmq.tracker")
+
+    def turn(after_s: float, position: int = 5) -> None:
+        clock[0] += after_s
+        t._watch_stall(0, position, 9)
+
+    turn(0)
+    turn(CONFIG.stalled_after_s - 1)
+    assert not t._stalls[0].stalled_for(clock[0]) and t.stats()["stalled"] == 0
+    turn(1)
+    turn(5)
+    assert t._stalls[0].stalled_for(clock[0]) == CONFIG.stalled_after_s + 5
+    assert t.stats()["stalled"] == 1
+    assert [r.levelname for r in caplog.records] == ["ERROR"]
+    assert "reading has stood at offset 5, below the high watermark 9" in caplog.text
+    t._link.failed("down", clock[0])  # Kafka lost: nothing is read, and no stall is told
+    turn(1)
+    turn(CONFIG.stalled_after_s * 2)
+    assert not t._stalls[0].stalled_for(clock[0]) and t.stats()["stalled"] == 1
+    assert "no longer stalled" in caplog.records[-1].getMessage()
