@@ -30,15 +30,9 @@ class Stall:
         self._since: float | None = None
         """When the position last moved, or the partition was last fully read."""
         self.stalled = False
-        self.highwater: int | None = None
-
-    @property
-    def position(self) -> int | None:
-        return self._position
 
     def observe(self, position: int | None, highwater: int | None, now: float) -> Change | None:
         """The round's position and high watermark (``None``: not known yet)."""
-        self.highwater = highwater
         behind = position is not None and highwater is not None and position < highwater
         if position != self._position or not behind or self._since is None:
             self._position = position
