@@ -121,6 +121,19 @@ class OwnerWatch:
                 out.append(partition)
         return sorted(out)
 
+    def reassigned(self, now: float, mine: Iterable[int]) -> None:
+        """The group has just given this replica ``mine`` (and every other partition to
+        another member, which names it at its first beacon): none of the others is adopted
+        until :attr:`silence_s` passes from ``now`` without that. Adopting from the silent
+        owner a partition the group has just given to a live replica, which has yet to
+        say so, only sets the two claiming it in turn (in a full chaos run, redeliveries
+        from it waited 15 s beyond their lease)."""
+        held = set(mine)
+        window = self.window_s
+        for partition, (at, namer) in self._named.items():
+            if partition not in held and now - at <= window:
+                self._named[partition] = (now, namer)
+
     def forget_stale(self, now: float) -> None:
         """Drop what is older than :attr:`window_s` (replicas long gone)."""
         window = self.window_s

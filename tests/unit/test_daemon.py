@@ -916,6 +916,12 @@ def test_a_silent_owners_partition_is_adopted_claimed_and_left_at_the_next_assig
     )
     t._on_assigned([0, 1])  # the group gave it to another replica
     assert t.partitions() == [0, 1] and h.writers.get(2) is None
+    now = time.monotonic()
+    watch.heard(t._nonce, frozenset({0, 1}), now, now)  # own beacon read back at once
+    t._adopt()
+    assert t.partitions() == [0, 1] and t._retired["partitions_adopted"] == 1, (
+        "not taken up again: the group has just given it to another, which has yet to say so"
+    )
 
 
 def test_a_partition_read_no_further_is_reported_once_and_not_while_kafka_is_lost(

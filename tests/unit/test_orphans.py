@@ -123,6 +123,43 @@ def test_a_partition_named_longer_ago_than_the_window_is_left_to_the_group() -> 
     assert w.orphans(12.6, {0}) == []
 
 
+def test_partitions_the_group_just_gave_to_another_are_not_adopted_until_it_is_silent() -> None:
+    """The group has just moved a dead replica's partitions to a new member, which names
+    them only at its first beacon: they are not taken up from the dead one meanwhile."""
+    w = watch()
+    w.heard(OTHER, frozenset({0, 2}), 0.0, 1.0)  # then OTHER is killed
+    w.heard(ME, frozenset({1, 3}), 3.0, 3.1)
+    assert w.orphans(3.1, {1, 3}) == [0, 2], "silent for the silence: adopted"
+    w.reassigned(3.2, {1, 3})  # the assignment gives 0 and 2 to another member
+    w.heard(ME, frozenset({1, 3}), 5.1, 5.2)  # sent 1.9 s after the assignment
+    assert w.orphans(5.2, {1, 3}) == []
+    for t in (4.0, 5.0, 6.0, 7.0, 8.0):  # the new owner names them at every beacon
+        w.heard(THIRD, frozenset({0, 2}), t, t + 1.3)
+    w.heard(ME, frozenset({1, 3}), 9.0, 9.1)
+    assert w.orphans(9.1, {1, 3}) == []
+
+
+def test_partitions_whose_new_owner_never_names_them_are_adopted_after_the_silence() -> None:
+    """The member the group gave them to was killed too: adopted once the silence has run
+    from the assignment, judged on this replica's own beacons as ever."""
+    w = watch()
+    w.heard(OTHER, frozenset({0, 2}), 0.0, 1.0)
+    w.reassigned(3.2, {1, 3})
+    w.heard(ME, frozenset({1, 3}), 5.1, 5.2)
+    assert w.orphans(5.2, {1, 3}) == []
+    w.heard(ME, frozenset({1, 3}), 5.2, 5.3)
+    assert w.orphans(5.3, {1, 3}) == [0, 2]
+    assert w.orphans(5.3, {0, 1, 2, 3}) == [], "the group gave them here after all"
+
+
+def test_an_assignment_does_not_bring_back_partitions_named_longer_ago_than_the_window() -> None:
+    w = OwnerWatch(ME, SILENCE_S, window_s=10.0)
+    w.heard(OTHER, frozenset({1}), 0.0, 1.0)
+    w.reassigned(11.5, {0})
+    w.heard(ME, frozenset({0}), 14.0, 14.1)
+    assert w.orphans(14.1, {0}) == []
+
+
 def views(
     dead: int, survivors: list[int], partitions: frozenset[int], quiet_s: float
 ) -> dict[int, list[int]]:
