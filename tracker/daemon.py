@@ -46,7 +46,7 @@ from tracker.handover import BEACON_S, ClockBounds, beacon_text
 from tracker.health import BrokerLink, ProbeServer
 from tracker.notices import UnreadNotices
 from tracker.orphans import OwnerWatch, owns_text
-from tracker.readers import LiveReaders
+from tracker.readers import LATELY_S, LiveReaders
 from tracker.redeliver import TXN_TIMEOUT_S, Copy, Redeliverer, RoundOutcome, copy_of
 from tracker.reread import RecordReader
 from tracker.stall import Change, Stall
@@ -145,6 +145,7 @@ class Tracker:
             config.marker_topic,
             self._partitions_of,
             live=lambda queue: self._live(queue, time.monotonic()),
+            lately=lambda queue: self._live(queue, time.monotonic(), LATELY_S),
         )
 
     def _open(self) -> None:
@@ -811,10 +812,11 @@ class Tracker:
         # markers reader start again where the new state starts.
         self._take(back)
 
-    def _live(self, queue: str, now: float) -> frozenset[int]:
-        """The retry-topic partitions some consumer of ``queue`` said it reads lately
-        (:class:`tracker.readers.LiveReaders`), of those the topic has."""
-        live = self._readers.live(queue, now)
+    def _live(self, queue: str, now: float, within_s: float | None = None) -> frozenset[int]:
+        """The retry-topic partitions some consumer of ``queue`` said it reads lately (within
+        ``within_s``, if given; :class:`tracker.readers.LiveReaders`), of those the topic
+        has."""
+        live = self._readers.live(queue, now, within_s)
         if not live:
             return live
         count = self._partition_count(self.config.retry_topic)
@@ -986,6 +988,8 @@ class Tracker:
         if generation is not None:
             self._tenure.held(assigned, generation)
         self._take(assigned)
+        if self._owners is not None:
+            self._owners.reassigned(time.monotonic(), self._states)
 
     def _take(self, partitions: list[int], adopted: bool = False) -> None:
         """Track ``partitions`` (those tracked already stay as they are); ``adopted``: from

@@ -16,6 +16,11 @@ times a second, and one reading a spare (:func:`kmq.layout.spare_candidates`) sa
 0.4 s even when it holds nothing; one that says nothing for longer (holding messages under
 a long lease) is only passed over while someone else is heard from: with nobody heard from,
 copies go where they went before (:func:`kmq.layout.away_from_holder`)."""
+LATELY_S = 0.6
+"""Partitions said within this long go first: a spare's reader says so every 0.4 s, so one
+still counted only by :data:`FRESH_S` was most likely read by a consumer killed up to a
+second ago (in a full chaos run, a killed owner's partition took a queue's copies while an
+idle member read a spare of the queue; they waited 22 s for the group to rebalance)."""
 _MAX_CACHED = 4096
 
 
@@ -45,12 +50,16 @@ class LiveReaders:
             for partition in partitions:
                 seen[partition] = now
 
-    def live(self, queue: str, now: float) -> frozenset[int]:
-        """The partitions of ``queue`` some consumer said it reads within ``fresh_s``."""
+    def live(self, queue: str, now: float, within_s: float | None = None) -> frozenset[int]:
+        """The partitions of ``queue`` some consumer said it reads within ``fresh_s`` (or
+        within ``within_s``, if shorter)."""
         seen = self._seen.get(queue)
         if not seen:
             return frozenset()
         cutoff = now - self.fresh_s
         for partition in [p for p, at in seen.items() if at < cutoff]:
             del seen[partition]
+        if within_s is not None and within_s < self.fresh_s:
+            lately = now - within_s
+            return frozenset(p for p, at in seen.items() if at >= lately)
         return frozenset(seen)

@@ -103,7 +103,8 @@ class Redeliverer:
 
     ``partitions(topic, queue)`` gives the partitions a queue's records go to on a topic
     (its layout); ``live(queue)`` the retry-topic partitions its consumers said they read
-    lately (:class:`tracker.readers.LiveReaders`).
+    lately (:class:`tracker.readers.LiveReaders`), and ``lately(queue)`` those of them said
+    within a shorter time, which go first.
     """
 
     def __init__(
@@ -114,9 +115,11 @@ class Redeliverer:
         partitions: Callable[[str, str], tuple[int, ...]],
         txn_timeout_s: float = TXN_TIMEOUT_S,
         live: Callable[[str], Collection[int]] = lambda queue: (),
+        lately: Callable[[str], Collection[int]] = lambda queue: (),
     ) -> None:
         self._queue_topic = queue_topic
         self._live = live
+        self._lately = lately
         self._txn_timeout_s = txn_timeout_s
         self._retry_topic = retry_topic
         self._marker_topic = marker_topic
@@ -127,24 +130,23 @@ class Redeliverer:
 
         A copy goes to a retry-lane partition that another consumer than its holder reads:
         one a consumer has lately said it reads (:func:`kmq.layout.toward_live_reader`),
-        else the one that goes with another queue partition than the holder's
-        (:func:`kmq.layout.away_from_holder`). A killed holder's own partitions, or those
-        of a consumer killed with it, wait for their group to notice; a live one is read at
-        once."""
+        those said most lately first, else the one that goes with another queue partition
+        than the holder's (:func:`kmq.layout.away_from_holder`). A killed holder's own
+        partitions, or those of a consumer killed with it, wait for their group to notice;
+        a live one is read at once."""
         lane, partition, offset = split_key(copy.due.key)
         if copy.dead_letter_queue is None and self._retry_topic is not None:
             topic, lane_here = self._retry_topic, RETRY_LANE
             choices = self._partitions(topic, copy.destination)
             queue_window = self._partitions(self._queue_topic, copy.destination)
             lane_is_retry = lane == RETRY_LANE
-            away = toward_live_reader(
-                queue_window,
-                choices,
-                partition,
-                lane_is_retry,
-                self._live(copy.destination),
-                offset,
-            )
+            away = None
+            for live in (self._lately, self._live):
+                away = toward_live_reader(
+                    queue_window, choices, partition, lane_is_retry, live(copy.destination), offset
+                )
+                if away is not None:
+                    break
             if away is None:
                 away = away_from_holder(queue_window, choices, partition, lane_is_retry)
             if away is not None:

@@ -48,6 +48,17 @@ def test_a_partition_is_live_while_a_consumer_said_so_lately() -> None:
     assert readers.live("orders", 15.5) == {3, 4}
 
 
+def test_within_a_shorter_time_only_the_partitions_said_since_count() -> None:
+    readers = LiveReaders(fresh_s=1.0)
+    readers.note([(READS_HEADER, b"orders 1,3")], 10.0)  # its reader killed right after
+    readers.note([(READS_HEADER, b"orders 3")], 10.5)  # a spare's reader, every 0.4 s
+    assert readers.live("orders", 10.8) == {1, 3}
+    assert readers.live("orders", 10.8, within_s=0.6) == {3}
+    assert readers.live("orders", 10.8, within_s=5.0) == {1, 3}, "never beyond fresh_s"
+    assert readers.live("orders", 11.2, within_s=0.6) == set()
+    assert readers.live("orders", 11.2) == {3}
+
+
 def test_bad_headers_change_nothing() -> None:
     readers = LiveReaders()
     readers.note([(READS_HEADER, None), (READS_HEADER, b"garbage"), ("kmq.other", b"q 1")], 1)

@@ -330,6 +330,30 @@ def test_a_copy_goes_to_a_partition_a_consumer_said_it_reads() -> None:
     assert r.target(copy) == (RETRY_TOPIC, 3)
 
 
+def test_a_partition_said_most_lately_goes_first() -> None:
+    """Retry partition 3 (the usual choice) was said within a second, but not lately: its
+    reader may have been killed a moment ago, while 4's reader has just said so."""
+    live: set[int] = {3, 4}
+    lately: set[int] = set()
+    r = Redeliverer(
+        QUEUE_TOPIC,
+        RETRY_TOPIC,
+        MARKER_TOPIC,
+        lambda topic, queue: (5, 6, 7) if topic == QUEUE_TOPIC else (2, 3, 4),
+        live=lambda queue: live,
+        lately=lambda queue: lately,
+    )
+    copy = a_copy(QUEUE_LANE, 5, 77)
+    assert r.target(copy) == (RETRY_TOPIC, 3), "nobody said so lately: as before"
+    lately.add(4)
+    assert r.target(copy) == (RETRY_TOPIC, 4)
+    lately.add(3)
+    assert r.target(copy) == (RETRY_TOPIC, 3), "both said lately: the usual choice"
+    lately.clear()
+    lately.add(2)  # only the holder's own lately: the others said within a second count
+    assert r.target(copy) == (RETRY_TOPIC, 3)
+
+
 # -- Redeliverer.round: one transaction, all or nothing --------------------------------------
 
 GROUP_METADATA = object()
