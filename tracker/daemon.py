@@ -839,17 +839,22 @@ class Tracker:
                 copy.message_id, copy.queue, copy.dead_letter_queue,
                 copy.attempt, copy.due.reason,
             )  # fmt: skip
-        else:
+        elif placed is None:
             log.info(
                 "redelivered %s (queue %r, attempt %d, %s)",
                 copy.message_id, copy.queue, copy.attempt, copy.due.reason,
             )  # fmt: skip
-        if (
-            placed is not None
-            and not copy.dead_letter_queue
-            and not self._live(copy.destination, time.monotonic())
-        ):
-            self._notices.unread(copy.destination, placed[0])
+        else:
+            # Where it went and who was heard reading the queue's retry lane then: what a
+            # copy that waited long for a reader is looked into with.
+            live = self._live(copy.destination, time.monotonic())
+            log.info(
+                "redelivered %s (queue %r, attempt %d, %s) to %s:%d; readers heard: %s",
+                copy.message_id, copy.queue, copy.attempt, copy.due.reason,
+                self.config.retry_topic, placed[0], _listed(live),
+            )  # fmt: skip
+            if not live:
+                self._notices.unread(copy.destination, placed[0])
         owner = self._states.get(copy.due.marker_partition)
         if owner is not None:
             owner.redelivered(
@@ -1023,6 +1028,10 @@ class Tracker:
             log.info("adopted partitions %s; now tracking %s", sorted(new), self.partitions())
         else:
             log.info("assigned partitions %s", self.partitions())
+
+
+def _listed(partitions: Iterable[int]) -> str:
+    return ",".join(map(str, sorted(partitions))) or "none"
 
 
 def _cause(exc: KafkaError) -> str:

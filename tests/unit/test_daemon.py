@@ -747,13 +747,21 @@ def test_a_copy_written_with_no_reader_heard_is_noticed_then_withdrawn() -> None
     assert h.tracker.stats()["unread_notices"] == h.tracker.stats()["unread_withdrawn"] == 1
 
 
-def test_no_notice_while_a_reader_of_the_queue_is_heard() -> None:
+def test_no_notice_while_a_reader_of_the_queue_is_heard(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="kmq.tracker")
     h = Harness(partitions=(0,))
     h.claim(0)
-    h.tracker._readers.note([("kmq.reads", b"orders 1")], time.monotonic())
+    h.tracker._readers.note([("kmq.reads", b"orders 1,3")], time.monotonic())
     h.tracker._redeliver()
-    assert h.producers.last(0).sent, "redelivered"
+    copy = h.producers.last(0).sent[0]
+    assert copy.partition in (1, 3), "redelivered toward a reader heard"
     assert notices_sent(h) == []
+    said = [r.getMessage() for r in caplog.records if "redelivered" in r.getMessage()]
+    assert len(said) == 1 and said[0].endswith(
+        f"to {CONFIG.retry_topic}:{copy.partition}; readers heard: 1,3"
+    ), said
 
 
 def test_a_standing_notice_another_replica_wrote_is_withdrawn_once_a_reader_is_heard() -> None:
