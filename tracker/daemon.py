@@ -32,14 +32,13 @@ from kafka.errors import (
 from kafka.producer.future import RecordMetadata
 from kafka.structs import MemberState, OffsetAndMetadata
 
-from kmq import kafka_clients, reach
+from kmq import kafka_clients, reach, txn_wait
 from kmq.config import COOPERATIVE
 from kmq.control import UNREAD_VALUE, ControlWatcher, unread_key
 from kmq.errors import BrokerError, ConfigError, KmqError
 from kmq.layout import holders_reads, write_partitions
 from kmq.markers import QUEUE_LANE, RETRY_LANE, Entry, MarkerType, encode_entries
 from kmq.records import delivery_key, split_key
-from tracker import txn_wait
 from tracker.config import TrackerConfig
 from tracker.fencing import FenceWatch, PartitionWriters, Tenure
 from tracker.handover import BEACON_S, ClockBounds, beacon_text
@@ -239,7 +238,7 @@ class Tracker:
             # its offsets): 200 ms of every first redelivery with the default 100.
             retry_backoff_ms=_TXN_RETRY_BACKOFF_MS,
             # How long send() may block the loop waiting for a topic's metadata (a claim's
-            # init_transactions() waits fencing.CLAIM_WAIT_S instead: tracker.txn_wait.init).
+            # init_transactions() waits fencing.CLAIM_WAIT_S instead: kmq.txn_wait.init).
             max_block_ms=int(TXN_TIMEOUT_S * 1000),
             # The constructor connects before it returns, on the loop's thread: while Kafka
             # cannot be reached, a claim gives up after this and is retried next turn

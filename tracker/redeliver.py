@@ -12,6 +12,7 @@ from kafka import TopicPartition
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
+from kmq import txn_wait
 from kmq.layout import away_from_holder, toward_live_reader
 from kmq.markers import (
     MAX_ATTEMPT,
@@ -23,11 +24,10 @@ from kmq.markers import (
 )
 from kmq.policy import DEAD_LETTER_SUFFIX
 from kmq.records import dead_letter_headers, parse_queue_headers, queue_headers, split_key
-from tracker import txn_wait
+from kmq.txn_wait import TransactionStuck
 from tracker.fencing import is_fenced
 from tracker.reread import Record
 from tracker.state import Due
-from tracker.txn_wait import TransactionStuck
 
 log = logging.getLogger("kmq.tracker")
 

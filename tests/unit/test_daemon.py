@@ -32,6 +32,7 @@ from kmq.control import UNREAD_VALUE, ControlTable, unread_key
 from kmq.errors import BrokerError
 from kmq.markers import QUEUE_LANE, RETRY_LANE, MarkerType, decode, encode_entries, parse
 from kmq.records import delivery_key, queue_headers
+from kmq.txn_wait import TransactionStuck
 from tests.unit.kafka_stubs import StubTxnProducer
 from tracker.config import TrackerConfig
 from tracker.daemon import Tracker, _Listener, markers_wait_ms
@@ -44,7 +45,6 @@ from tracker.readers import LiveReaders
 from tracker.redeliver import Redeliverer, copy_of
 from tracker.reread import ReadResult, Record
 from tracker.state import Due, PartitionState
-from tracker.txn_wait import TransactionStuck
 
 CONFIG = TrackerConfig(
     "localhost:9092",

@@ -1,4 +1,4 @@
-"""Transactional calls with a deadline (tracker.txn_wait): kafka-python's own wait for ever."""
+"""Transactional calls with a deadline (kmq.txn_wait): kafka-python's own wait for ever."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError
 from kafka.producer.transaction_manager import TransactionalRequestResult
 
-from tracker import txn_wait
+from kmq import txn_wait
+from kmq.txn_wait import TransactionStuck
 from tracker.redeliver import Redeliverer, RoundOutcome
-from tracker.txn_wait import TransactionStuck
 
 
 class _Manager:
