@@ -26,10 +26,12 @@ What :func:`check` establishes:
 - **unexplained**: a redelivery with no cause in the ledger. A redelivery is explained if its
   reason is the chaos workers' nack reason and that NACK marker (or the worker's ledger line)
   exists; or its lease expired and one of: a worker that had taken it was SIGKILLed before
-  settling it; nobody had taken it and a SIGKILLed worker wrote its START (buffered, never
-  handed out); a network fault overlapped the last lease before it (``fault.start <=
-  redelivered_at`` and ``fault.end >= redelivered_at - lease - grace``). A second
-  REDELIVERED for the same delivery needs a tracker kill or a fault since the first
+  settling it; a SIGKILLed worker wrote a START of it that none of the workers that had
+  taken it can have written (buffered, never handed out: whoever took the record after
+  it STARTed it again, but that lease was out already); a network fault overlapped the
+  last lease before it (``fault.start <= redelivered_at`` and
+  ``fault.end >= redelivered_at - lease - grace``). A second REDELIVERED for the same
+  delivery needs a tracker kill or a fault since the first
   (``repeat``), or, for a nack's, a worker that took that delivery again after the first and
   nacked it (``renacked``: its first reader's offset commit never landed, so the partition's
   next owner read the record again, an at-least-once duplicate). Must be empty.
@@ -752,28 +754,37 @@ class _Explainer:
         for holder in holders:
             if holder.killed is not None and holder.killed <= at and holder.name not in settled:
                 return "holder_killed", holder.killed
-        if not holders:
-            # Which killed worker wrote a START: one alive when its stamp, less its skew, says
-            # it was written, and not before the message was sent (a START's stamp read with
-            # another worker's skew points 150 s or more away, at some other incarnation).
-            earliest = -math.inf if sent_at is None else sent_at - PLAUSIBLE_SLACK_S
-            kills = [
-                inc.killed
-                for inc in self._workers
-                if inc.killed is not None
-                and inc.killed <= at
-                and any(
-                    _alive_at(inc, m.timestamp_s - inc.skew_s)
-                    and earliest <= m.timestamp_s - inc.skew_s <= at + PLAUSIBLE_SLACK_S
-                    for m in marks
-                    if m.marker.type is MarkerType.START
-                )
-            ]
-            if kills:
-                return "buffered_killed", max(kills)
+        # A killed worker that wrote a START and died before handing the message out left a
+        # lease that runs out whoever takes the record next: the partition's next owner reads
+        # it again and STARTs it too, and a tracker already redelivering the first lease
+        # when it reads that START sends the copy all the same (in full chaos run 40, with
+        # 2 to 6 s redelivery rounds, a live holder's ack came 0.5 s before the copy).
+        earliest = -math.inf if sent_at is None else sent_at - PLAUSIBLE_SLACK_S
+        kills = [
+            inc.killed
+            for inc in self._workers
+            if inc.killed is not None
+            and inc.killed <= at
+            and any(
+                self._could_write(inc, m, earliest, at)
+                and not any(self._could_write(h, m, earliest, at) for h in holders)
+                for m in marks
+                if m.marker.type is MarkerType.START
+            )
+        ]
+        if kills:
+            return "buffered_killed", max(kills)
         if self.fault_between(at, at):
             return "fault", None
         return self._load(events, holders, marks, at), None
+
+    @staticmethod
+    def _could_write(inc: Incarnation, start: MarkerRecord, earliest: float, at: float) -> bool:
+        """Whether ``inc`` may have written ``start``: alive when its stamp, less its skew,
+        says it was written, and not before the message was sent (a START's stamp read with
+        another worker's skew points 150 s or more away, at some other incarnation)."""
+        written = start.timestamp_s - inc.skew_s
+        return _alive_at(inc, written) and earliest <= written <= at + PLAUSIBLE_SLACK_S
 
     def _load(
         self,

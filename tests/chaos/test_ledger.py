@@ -312,6 +312,37 @@ def test_redelivery_of_a_buffered_message_is_explained_by_the_kill_of_its_starte
     assert report.early == []
 
 
+def test_a_buffered_lease_explains_a_copy_sent_while_the_next_owner_held_the_record() -> None:
+    # w0.1 STARTed it and died before handing it out; the partition's next owner w1.1 read
+    # the record again, STARTed, took and acked it, while the tracker, already redelivering
+    # w0.1's expired lease, wrote the copy: not a tracker that lagged behind w1.1's END.
+    workers = [worker("w0.1", AHEAD_S, killed=T0 + 2), worker("w1.1", BEHIND_S)]
+    events = [event("took", "w1.1", T0 + 9.1), event("acked", "w1.1", T0 + 9.5)]
+    markers = [
+        marker(MarkerType.START, T0 + 1 + AHEAD_S),
+        marker(MarkerType.START, T0 + 9 + BEHIND_S),
+        marker(MarkerType.REDELIVERED, T0 + 10, attempt=2, reason="lease expired"),
+    ]
+    report = run_check(workers, events, markers)
+    assert report.causes == {"buffered_killed": 1}
+    assert report.overload == [] and report.early == []
+    # Without the killed worker's START, the same copy is the tracker's lag.
+    lagged = run_check(workers, events, [markers[1], markers[2]])
+    assert lagged.causes == {"tracker_lag": 1} and len(lagged.overload) == 1
+
+
+def test_a_holders_own_start_is_not_taken_for_a_killed_workers() -> None:
+    # w0.1 and w1.1 share a clock: w1.1's START could be read as w0.1's, who was alive then
+    # and killed before the copy. A holder that may have written it keeps the blame.
+    workers = [worker("w0.1", 0.0, killed=T0 + 9.8), worker("w1.1", 0.0)]
+    events = [event("took", "w1.1", T0 + 9.1), event("acked", "w1.1", T0 + 9.5)]
+    markers = [
+        marker(MarkerType.START, T0 + 9),
+        marker(MarkerType.REDELIVERED, T0 + 11.2, attempt=2, reason="lease expired"),
+    ]
+    assert run_check(workers, events, markers).causes == {"tracker_lag": 1}
+
+
 def test_a_buffered_redelivery_is_timed_from_its_true_starters_kill() -> None:
     # w1.2 (300 s behind) STARTed it at T0 + 601 and died at T0 + 602. Its START's stamp,
     # T0 + 301, read with w0.1's skew (300 s ahead) points at T0 + 1, when w0.1 (killed at
