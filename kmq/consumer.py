@@ -34,7 +34,7 @@ from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.errors import KafkaError
 from kafka.structs import MemberState, OffsetAndMetadata
 
-from kmq import kafka_clients, metrics
+from kmq import kafka_clients, metrics, txn_wait
 from kmq.adopted import Adopted
 from kmq.assignor import LayoutAssignor
 from kmq.config import AT_MOST_ONCE, EAGER, MAX_REDELIVERY_TIMEOUT_S, ConsumerConfig
@@ -74,6 +74,13 @@ _RELEASE = int(MarkerType.RELEASE)
 _DEAD_LETTERED = int(MarkerType.DEAD_LETTERED)
 
 _LAYOUT_CHECK_S = 1.0
+_TXN_TIMEOUT_MS = 10_000
+"""A transactional consumer's transaction timeout, and how long it waits for its offset
+commit, commit or abort to be answered. A consumer killed inside its START transaction leaves
+it open, and every markers partition it wrote to is read no further (trackers read
+committed) until the broker aborts it, this long after it began (plus up to 10 s of the
+broker's cleanup interval, on Apache Kafka); kafka-python's default is 60 s. A transaction of
+STARTs takes milliseconds; one not over in this time fails, and its batch is read again."""
 _JOIN_POLL_MS = 100
 _RETRY_POLL_S = 0.01
 """How soon the retry lane is polled again after copies came from it."""
@@ -230,15 +237,10 @@ class Consumer:
             self._refresh_layout(initial=True)
             self._kc.subscribe([self._topic], listener=self._given_up)
             self._txn: KafkaProducer | None = None
+            self._txn_id = f"{self.group_id}-{uuid.uuid4().hex[:12]}"
+            self._txn_renew = False
             if config.transactional:
-                self._txn = kafka_clients.producer(
-                    cfg.connection,
-                    "txn",
-                    transactional_id=f"{self.group_id}-{uuid.uuid4().hex[:12]}",
-                    acks="all",
-                    enable_idempotence=True,
-                    max_request_size=cfg.max_message_bytes,
-                )
+                self._txn = self._transactional_producer()
                 self._txn.init_transactions()
         except (KafkaError, BrokerError) as exc:
             self._writer.close(1.0)
@@ -247,6 +249,40 @@ class Consumer:
             target=self._run, name=f"kmq-consumer-{queue.id}", daemon=True
         )
         self._thread.start()
+
+    def _transactional_producer(self) -> KafkaProducer:
+        cfg = self._svc_config
+        return kafka_clients.producer(
+            cfg.connection,
+            "txn",
+            transactional_id=self._txn_id,
+            transaction_timeout_ms=_TXN_TIMEOUT_MS,
+            acks="all",
+            enable_idempotence=True,
+            max_request_size=cfg.max_message_bytes,
+        )
+
+    def _renew_transactions(self) -> None:
+        """Replace the transactional producer after a failed START transaction, under the
+        same transactional id: the new one fences the old and ends whatever transaction it
+        left open. kafka-python's producer is unusable for good after some failures (fenced,
+        its epoch bumped by the broker's transaction timeout): kept, it failed every later
+        batch, and the consumer delivered nothing more."""
+        old, self._txn = self._txn, None
+        if old is not None:
+            with contextlib.suppress(Exception):
+                old.close(timeout=0)
+        txn = None
+        try:
+            txn = self._transactional_producer()
+            txn_wait.init(txn, _TXN_TIMEOUT_MS / 1000)
+        except (KafkaError, BrokerError) as exc:
+            if txn is not None:
+                with contextlib.suppress(Exception):
+                    txn.close(timeout=0)
+            raise _StartFailed(f"transactional producer not renewed: {exc!r}") from exc
+        self._txn, self._txn_renew = txn, False
+        log.info("queue %r: transactional producer renewed", self.queue)
 
     def _queue_group_member(self) -> KafkaConsumer:
         cfg = self._svc_config
@@ -888,8 +924,8 @@ class Consumer:
         if self._at_most_once:
             self._begin_at_most_once(commits, firsts, messages)
             return
-        if self._txn is not None:
-            self._begin_transaction(self._txn, commits, firsts, messages)
+        if self.config.transactional:
+            self._begin_transaction(commits, firsts, messages)
             return
         batch_ = Batch(messages, firsts, commits)
         self._cycle.add(batch_)
@@ -1013,13 +1049,21 @@ class Consumer:
 
     def _begin_transaction(
         self,
-        txn: KafkaProducer,
         commits: dict[TopicPartition, int],
         firsts: dict[TopicPartition, int],
         messages: list[Message],
     ) -> None:
         """STARTs and the offset commit in one transaction, then hand out."""
         offsets = {tp: OffsetAndMetadata(o, "", -1) for tp, o in commits.items()}
+        if self._txn_renew or self._txn is None:
+            try:
+                self._renew_transactions()
+            except _StartFailed:
+                self._seek(firsts)
+                raise
+        txn = self._txn
+        assert txn is not None
+        wait_s = _TXN_TIMEOUT_MS / 1000
         try:
             txn.begin_transaction()
             by_partition: dict[int, list[Entry]] = {}
@@ -1043,15 +1087,16 @@ class Consumer:
                     value=encode_entries(entries, texts),
                     partition=partition,
                 )
-            txn.send_offsets_to_transaction(
-                offsets, self._client(next(iter(offsets))).group_metadata()
-            )
+            group = self._client(next(iter(offsets))).group_metadata()
+            txn_wait.send_offsets(txn, offsets, group, wait_s)
             with self._cond:
                 self._leases.started([(m.key, m) for m in messages], time.monotonic())
-            txn.commit_transaction()
+            txn_wait.commit(txn, wait_s)
         except KafkaError as exc:
             with contextlib.suppress(KafkaError):
-                txn.abort_transaction()
+                txn_wait.abort(txn, wait_s)
+            # Whatever failed, the next batch goes through a new producer (_renew_transactions).
+            self._txn_renew = True
             with self._cond:
                 for m in messages:
                     self._leases.settle(m.key)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from kafka import KafkaProducer
+
 import kmq
 from kmq.markers import MarkerType
 from tests.functional.conftest import Broker, Topics
@@ -40,3 +42,36 @@ def test_transactional_consumer_starts_and_commits_atomically(
     wait_until(lambda: tracker.stats()["end"] == 5, 10, "the ENDs to reach the tracker")
     assert tracker.stats()["redeliveries"] == 1
     assert tracker.stats()["in_flight"] == 0
+
+
+def test_a_transactional_consumer_whose_producer_is_fenced_goes_on_with_a_new_one(
+    broker: Broker, topics: Topics, service: kmq.Service, tracker: Tracker
+) -> None:
+    """The broker bumps a transactional id's epoch when its transaction outlives the
+    transaction timeout, or when another producer inits that id: the old producer is
+    fenced, and kafka-python's is unusable for good. The consumer must renew it (under the
+    same id) and go on delivering, not fail every later batch."""
+    q = service.queue("txfence")
+    producer = q.producer()
+    with q.consumer(transactional=True) as consumer:
+        first = producer.send(b"before")
+        got = consumer.receive(timeout_s=15)
+        assert got is not None and got.id == first
+        got.ack()
+        fencer = KafkaProducer(
+            bootstrap_servers=broker.bootstrap_servers,
+            transactional_id=consumer._txn_id,
+        )
+        try:
+            fencer.init_transactions()
+        finally:
+            fencer.close()
+        sent = [producer.send(b"after %d" % i) for i in range(3)]
+        taken = [consumer.receive(timeout_s=20) for _ in sent]
+        assert sorted(m.id for m in taken if m is not None) == sorted(sent)
+        for m in taken:
+            assert m is not None
+            m.ack()
+    markers = read_markers(broker.bootstrap_servers, topics)
+    started = [m.message_id for m in markers if m.type is MarkerType.START]
+    assert sorted(started) == sorted([first, *sent]), "each started once, committed"
