@@ -308,17 +308,24 @@ def test_target_rules(
         assert chosen == choices[offset % len(choices)]
 
 
-def test_a_copy_goes_to_a_partition_a_consumer_said_it_reads() -> None:
-    """Queue window (5, 6, 7), retry window (2, 3, 4): a copy of a record read from queue
-    partition 5 goes with 6 (retry partition 3) unless only 7's (4) is read lately."""
-    live: set[int] = set()
-    r = Redeliverer(
+def windowed(live: set[int], lately: set[int] | None = None) -> Redeliverer:
+    """Queue window (5, 6, 7), retry window (2, 3, 4); ``live`` and ``lately`` (none if
+    ``None``) what consumers of queue "orders" said they read."""
+    return Redeliverer(
         QUEUE_TOPIC,
         RETRY_TOPIC,
         MARKER_TOPIC,
         lambda topic, queue: (5, 6, 7) if topic == QUEUE_TOPIC else (2, 3, 4),
         live=lambda queue: live if queue == "orders" else set(),
+        lately=lambda queue: lately if lately is not None and queue == "orders" else set(),
     )
+
+
+def test_a_copy_goes_to_a_partition_a_consumer_said_it_reads() -> None:
+    """Queue window (5, 6, 7), retry window (2, 3, 4): a copy of a record read from queue
+    partition 5 goes with 6 (retry partition 3) unless only 7's (4) is read lately."""
+    live: set[int] = set()
+    r = windowed(live)
     copy = a_copy(QUEUE_LANE, 5, 77)
     assert r.target(copy) == (RETRY_TOPIC, 3), "nobody said anything: the usual choice"
     live.update({3, 4})
@@ -333,16 +340,8 @@ def test_a_copy_goes_to_a_partition_a_consumer_said_it_reads() -> None:
 def test_a_partition_said_most_lately_goes_first() -> None:
     """Retry partition 3 (the usual choice) was said within a second, but not lately: its
     reader may have been killed a moment ago, while 4's reader has just said so."""
-    live: set[int] = {3, 4}
     lately: set[int] = set()
-    r = Redeliverer(
-        QUEUE_TOPIC,
-        RETRY_TOPIC,
-        MARKER_TOPIC,
-        lambda topic, queue: (5, 6, 7) if topic == QUEUE_TOPIC else (2, 3, 4),
-        live=lambda queue: live,
-        lately=lambda queue: lately,
-    )
+    r = windowed({3, 4}, lately)
     copy = a_copy(QUEUE_LANE, 5, 77)
     assert r.target(copy) == (RETRY_TOPIC, 3), "nobody said so lately: as before"
     lately.add(4)
