@@ -138,9 +138,6 @@ class Tracker:
         self._notices = UnreadNotices()
         self._topics = {QUEUE_LANE: config.queue_topic, RETRY_LANE: config.retry_topic}
         self._readers = LiveReaders()
-        self._heard_at: float | None = None
-        """When the markers reader last returned: what consumers said is judged as of then
-        (:meth:`_live`)."""
         self._redeliverer = Redeliverer(
             config.queue_topic,
             config.retry_topic,
@@ -421,7 +418,6 @@ class Tracker:
             else {}
         )
         now = time.monotonic()
-        self._heard_at = now
         for tp, batch in records.items():
             state = self._states.get(tp.partition)
             if state is None:
@@ -818,13 +814,7 @@ class Tracker:
     def _live(self, queue: str, now: float, within_s: float | None = None) -> frozenset[int]:
         """The retry-topic partitions some consumer of ``queue`` said it reads lately (within
         ``within_s``, if given; :class:`tracker.readers.LiveReaders`), of those the topic
-        has: as of the markers reader's last return, not of ``now`` if that is later. A
-        redelivery round blocks the loop while it re-reads records and commits (2 to 6 s on
-        a starved machine), and nothing is heard meanwhile: judged as of its end, a third of
-        the copies of a full chaos run found no reader heard, and had an unread notice
-        written."""
-        if self._heard_at is not None:
-            now = min(now, self._heard_at)
+        has."""
         live = self._readers.live(queue, now, within_s)
         if not live:
             return live

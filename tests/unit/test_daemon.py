@@ -206,7 +206,6 @@ class Harness:
             live=lambda queue: t._live(queue, time.monotonic()),
         )
         t._readers = LiveReaders()
-        t._heard_at = None
         raw: Any = t  # typed as the real ControlWatcher and RecordReader
         raw._pauses = StubPauses()
         raw._records = self.records
@@ -763,28 +762,6 @@ def test_no_notice_while_a_reader_of_the_queue_is_heard(
     assert len(said) == 1 and said[0].endswith(
         f"to {CONFIG.retry_topic}:{copy.partition}; readers heard: 1,3"
     ), said
-
-
-def test_readers_are_judged_as_of_the_last_markers_read_not_after_a_long_round(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The round's re-reads and commit took 3 s, during which nothing was read: the
-    readers heard just before still count, and no unread notice goes out."""
-    caplog.set_level(logging.INFO, logger="kmq.tracker")
-    h = Harness(partitions=(0,))
-    h.claim(0)
-    heard = time.monotonic()
-    h.tracker._readers.note([("kmq.reads", b"orders 1,3")], heard)
-    h.tracker._heard_at = heard
-    later = heard + 3.0
-    monkeypatch.setattr("tracker.daemon.time.monotonic", lambda: later)
-    h.tracker._redeliver()
-    assert h.producers.last(0).sent, "redelivered"
-    said = [r.getMessage() for r in caplog.records if "redelivered" in r.getMessage()]
-    assert len(said) == 1 and said[0].endswith("readers heard: 1,3"), said
-    assert notices_sent(h) == []
-    h.tracker._heard_at = later  # read again, and nobody said anything since
-    assert h.tracker._live("orders", later) == frozenset()
 
 
 def test_a_standing_notice_another_replica_wrote_is_withdrawn_once_a_reader_is_heard() -> None:
