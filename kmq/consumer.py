@@ -238,7 +238,6 @@ class Consumer:
             self._kc.subscribe([self._topic], listener=self._given_up)
             self._txn: KafkaProducer | None = None
             self._txn_id = f"{self.group_id}-{uuid.uuid4().hex[:12]}"
-            self._txn_renew = False
             if config.transactional:
                 self._txn = self._transactional_producer()
                 self._txn.init_transactions()
@@ -263,15 +262,11 @@ class Consumer:
         )
 
     def _renew_transactions(self) -> None:
-        """Replace the transactional producer after a failed START transaction, under the
-        same transactional id: the new one fences the old and ends whatever transaction it
-        left open. kafka-python's producer is unusable for good after some failures (fenced,
-        its epoch bumped by the broker's transaction timeout): kept, it failed every later
-        batch, and the consumer delivered nothing more."""
-        old, self._txn = self._txn, None
-        if old is not None:
-            with contextlib.suppress(Exception):
-                old.close(timeout=0)
+        """Build the transactional producer again after a failed START transaction dropped
+        it, under the same transactional id: the new one fences the old and ends whatever
+        transaction it left open. kafka-python's producer is unusable for good after some
+        failures (fenced, its epoch bumped by the broker's transaction timeout): kept, it
+        failed every later batch, and the consumer delivered nothing more."""
         txn = None
         try:
             txn = self._transactional_producer()
@@ -281,7 +276,7 @@ class Consumer:
                 with contextlib.suppress(Exception):
                     txn.close(timeout=0)
             raise _StartFailed(f"transactional producer not renewed: {exc!r}") from exc
-        self._txn, self._txn_renew = txn, False
+        self._txn = txn
         log.info("queue %r: transactional producer renewed", self.queue)
 
     def _queue_group_member(self) -> KafkaConsumer:
@@ -1055,7 +1050,7 @@ class Consumer:
     ) -> None:
         """STARTs and the offset commit in one transaction, then hand out."""
         offsets = {tp: OffsetAndMetadata(o, "", -1) for tp, o in commits.items()}
-        if self._txn_renew or self._txn is None:
+        if self._txn is None:
             try:
                 self._renew_transactions()
             except _StartFailed:
@@ -1096,7 +1091,9 @@ class Consumer:
             with contextlib.suppress(KafkaError):
                 txn_wait.abort(txn, wait_s)
             # Whatever failed, the next batch goes through a new producer (_renew_transactions).
-            self._txn_renew = True
+            self._txn = None
+            with contextlib.suppress(Exception):
+                txn.close(timeout=0)
             with self._cond:
                 for m in messages:
                     self._leases.settle(m.key)
