@@ -127,6 +127,8 @@ class Tracker:
         self._last_turn = time.monotonic()
         self._slowest_turn_s = 0.0
         self._slowest_redelivery_s = 0.0
+        self._slowest_reread_s = 0.0
+        self._slowest_txn_s = 0.0
         self._writers = PartitionWriters(
             self._transactional_producer,
             config.group_id,
@@ -616,6 +618,7 @@ class Tracker:
         due = self._copy_unread_again(due, now)
         if not due:
             return
+        began = time.monotonic()
         try:
             result = self._records.read(due)
         except KafkaError as exc:
@@ -623,6 +626,8 @@ class Tracker:
             for d in due:
                 self._failed(d)
             return
+        finally:
+            self._slowest_reread_s = max(self._slowest_reread_s, time.monotonic() - began)
         for d in result.gone:
             lane, partition, offset = split_key(d.key)
             log.error(
@@ -739,11 +744,13 @@ class Tracker:
             offset = None  # committed later, once the group has settled
         tp = TopicPartition(self.config.marker_topic, partition)
         offsets = {tp: OffsetAndMetadata(offset, "", -1)} if offset is not None else {}
+        began = time.monotonic()
         try:
             outcome = self._redeliverer.round(txn, copies, offsets, self._kc.group_metadata())
         except KafkaError as exc:  # the layout could not be read, say
             self._trouble(exc, "markers partition %d: redelivery not started", partition)
             outcome = RoundOutcome(False)
+        self._slowest_txn_s = max(self._slowest_txn_s, time.monotonic() - began)
         if outcome.fenced:
             self._fenced(partition)
             return
@@ -912,10 +919,14 @@ class Tracker:
         self._next_stats = now + self.config.stats_interval_s
         stats = self.stats()
         # The slowest loop turn, and the slowest redelivery step, since the last stats line:
-        # while a turn lasts, nothing else is read or redelivered.
+        # while a turn lasts, nothing else is read or redelivered. Of a redelivery step: the
+        # slowest re-read of its records, and the slowest one partition's transaction.
         stats["turn_max_ms"] = round(self._slowest_turn_s * 1000)
         stats["redeliver_max_ms"] = round(self._slowest_redelivery_s * 1000)
+        stats["reread_max_ms"] = round(self._slowest_reread_s * 1000)
+        stats["txn_max_ms"] = round(self._slowest_txn_s * 1000)
         self._slowest_turn_s = self._slowest_redelivery_s = 0.0
+        self._slowest_reread_s = self._slowest_txn_s = 0.0
         log.info("stats: %s", " ".join(f"{k}={v}" for k, v in sorted(stats.items())))
 
     def _shutdown(self) -> None:

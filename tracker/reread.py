@@ -41,6 +41,7 @@ _MAX_PAST_END = 100_000
 class _Reader(Protocol):
     def assign(self, partitions: list[TopicPartition]) -> None: ...
     def seek(self, partition: TopicPartition, offset: int) -> None: ...
+    def pause(self, *partitions: TopicPartition) -> None: ...
     def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> Any: ...
     def highwater(self, partition: TopicPartition) -> int | None: ...
     def position(self, partition: TopicPartition) -> int: ...
@@ -96,21 +97,29 @@ class RecordReader:
 
     def read(self, wanted: list[Due]) -> ReadResult:
         result = ReadResult()
-        by_partition: dict[tuple[int, int], dict[int, list[Due]]] = {}
+        by_partition: dict[TopicPartition, dict[int, list[Due]]] = {}
         for due in wanted:
             lane, partition, offset = split_key(due.key)
-            by_partition.setdefault((lane, partition), {}).setdefault(offset, []).append(due)
-        deadline = time.monotonic() + self._scan_timeout_s
-        for (lane, partition), by_offset in by_partition.items():
             topic = self._topics.get(lane)
             if topic is None:
-                result.gone.extend(d for dues in by_offset.values() for d in dues)
+                result.gone.append(due)
                 continue
             tp = TopicPartition(topic, partition)
-            for cluster in clusters(list(by_offset)):
-                found, reached, end = self._scan(tp, cluster, deadline)
-                for offset in cluster:
-                    for due in by_offset[offset]:
+            by_partition.setdefault(tp, {}).setdefault(offset, []).append(due)
+        # Pass n scans the n-th cluster of every partition at once: one fetch request (per
+        # broker) serves them all, where a scan per partition cost a round trip each, and
+        # with a dozen partitions due that was most of a round on a loaded machine.
+        passes: list[dict[TopicPartition, list[int]]] = []
+        for tp, by_offset in by_partition.items():
+            for n, cluster in enumerate(clusters(list(by_offset))):
+                if len(passes) <= n:
+                    passes.append({})
+                passes[n][tp] = cluster
+        deadline = time.monotonic() + self._scan_timeout_s
+        for scans in passes:
+            for tp, (found, reached, end) in self._scan(scans, deadline).items():
+                for offset in scans[tp]:
+                    for due in by_partition[tp][offset]:
                         record = found.get(offset)
                         if record is not None:
                             self._past_end.discard(due.key)
@@ -129,40 +138,66 @@ class RecordReader:
         return result
 
     def _scan(
-        self, tp: TopicPartition, offsets: list[int], deadline: float
-    ) -> tuple[dict[int, Record], int, int | None]:
-        """Records at ``offsets`` (sorted) found by reading forward from the first; the
-        offset the reader's position reached; the partition's end, if the scan got there."""
-        wanted = frozenset(offsets)
-        first, last = offsets[0], offsets[-1]
+        self, scans: Mapping[TopicPartition, list[int]], deadline: float
+    ) -> dict[TopicPartition, tuple[dict[int, Record], int, int | None]]:
+        """For each partition, the records at its ``offsets`` (sorted) found by reading
+        forward from the first; the offset the reader's position reached; the partition's
+        end, if the scan got there. All partitions are read together."""
         reader = self._reader
         self._wanted.clear()
-        self._wanted[tp] = wanted
+        for tp, offsets in scans.items():
+            self._wanted[tp] = frozenset(offsets)
         # A partition state of this scan's own: the high watermark it learns is then from a
         # fetch after this seek, not one from an earlier scan.
         reader.assign([])
-        reader.assign([tp])
-        reader.seek(tp, first)
-        found: dict[int, Record] = {}
-        reached = first
+        reader.assign(list(scans))
+        for tp, offsets in scans.items():
+            reader.seek(tp, offsets[0])
+        found: dict[TopicPartition, dict[int, Record]] = {tp: {} for tp in scans}
+        reached = {tp: offsets[0] for tp, offsets in scans.items()}
+        done: dict[TopicPartition, tuple[dict[int, Record], int, int | None]] = {}
         while True:  # at least one poll, however late: every round makes progress
-            records = reader.poll(timeout_ms=200, max_records=SCAN_RECORDS).get(tp, [])
-            for r in records:
-                if r.offset in wanted:
-                    found[r.offset] = Record(
-                        r.partition, r.offset, r.key, r.value, tuple(r.headers or ())
-                    )
-                reached = r.offset + 1
-                if r.offset >= last:
-                    return found, reached, None
-            if not records:
-                # Skipped aborted records, or reset past the log start: the position moved.
-                position = reader.position(tp)
-                reached = max(reached, position)
-                if reached > last:
-                    return found, reached, None
-                highwater = reader.highwater(tp)
-                if highwater is not None and position >= highwater:
-                    return found, reached, highwater
+            polled = reader.poll(timeout_ms=200, max_records=SCAN_RECORDS)
+            for tp, offsets in scans.items():
+                if tp in done:
+                    continue
+                over, end = self._take(tp, offsets, polled.get(tp, []), found[tp], reached)
+                if over:
+                    done[tp] = (found[tp], reached[tp], end)
+                    reader.pause(tp)  # the others' scans go on without it
+            if len(done) == len(scans):
+                return done
             if time.monotonic() >= deadline:
-                return found, reached, None
+                return {tp: done.get(tp, (found[tp], reached[tp], None)) for tp in scans}
+
+    def _take(
+        self,
+        tp: TopicPartition,
+        offsets: list[int],
+        records: list[Any],
+        found: dict[int, Record],
+        reached: dict[TopicPartition, int],
+    ) -> tuple[bool, int | None]:
+        """Note one poll's ``records`` of ``tp``: (whether its scan is over, the partition's
+        end if the scan got there)."""
+        wanted = self._wanted[tp]
+        last = offsets[-1]
+        for r in records:
+            if r.offset in wanted:
+                found[r.offset] = Record(
+                    r.partition, r.offset, r.key, r.value, tuple(r.headers or ())
+                )
+            reached[tp] = r.offset + 1
+            if r.offset >= last:
+                return True, None
+        if records:
+            return False, None
+        # Skipped aborted records, or reset past the log start: the position moved.
+        position = self._reader.position(tp)
+        reached[tp] = max(reached[tp], position)
+        if reached[tp] > last:
+            return True, None
+        highwater = self._reader.highwater(tp)
+        if highwater is not None and position >= highwater:
+            return True, highwater
+        return False, None

@@ -197,6 +197,7 @@ class Harness:
         t._link = BrokerLink(CONFIG.bootstrap_servers, 3.0)
         t._link.connected(0.0)
         t._next_beacon = 0.0
+        t._slowest_reread_s = t._slowest_txn_s = 0.0
         t._topics = {0: CONFIG.queue_topic, 1: CONFIG.retry_topic}
         t._redeliverer = Redeliverer(
             CONFIG.queue_topic,
@@ -821,10 +822,13 @@ def test_the_stats_line_says_the_slowest_turn_since_the_last_one(
     t._retired = Counter()
     t._next_stats = 0.0
     t._slowest_turn_s, t._slowest_redelivery_s = 1.2344, 0.5006
+    t._slowest_reread_s, t._slowest_txn_s = 0.3, 0.1504
     with caplog.at_level("INFO", logger="kmq.tracker"):
         t._log_stats()
     assert "turn_max_ms=1234" in caplog.text and "redeliver_max_ms=501" in caplog.text
-    assert (t._slowest_turn_s, t._slowest_redelivery_s) == (0.0, 0.0), "per stats line"
+    assert "reread_max_ms=300" in caplog.text and "txn_max_ms=150" in caplog.text
+    slowest = (t._slowest_turn_s, t._slowest_redelivery_s, t._slowest_reread_s, t._slowest_txn_s)
+    assert slowest == (0.0, 0.0, 0.0, 0.0), "per stats line"
 
 
 def _state_with_starts(partition: int, read_at: list[float]) -> PartitionState:

@@ -85,9 +85,11 @@ class _StubReader:
         self.tp: Any = None
         self.assignments: list[list[Any]] = []
         self.record_reader: RecordReader | None = None
+        self.paused = False
 
     def assign(self, partitions: list[Any]) -> None:
         self.assignments.append(list(partitions))
+        self.paused = False
         if not partitions:
             if not self.stale:
                 self._highwater = None  # a fresh partition state
@@ -96,6 +98,9 @@ class _StubReader:
 
     def seek(self, partition: Any, offset: int) -> None:
         self._position = max(offset, self.log_start)
+
+    def pause(self, *partitions: Any) -> None:
+        self.paused = True
 
     def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> dict[Any, list[_Rec]]:
         allowed = self.polls.pop(0) if self.polls else 10**9
@@ -176,3 +181,82 @@ def test_below_the_log_start_is_gone() -> None:
 def test_not_reached_in_time_waits() -> None:
     reader = _StubReader(list(range(100)), highwater=100, polls=[5])
     assert _read(reader, [1, 90]) == ([1], [], [90])
+
+
+class _Partitions:
+    """A consumer over several partitions, each a :class:`_StubReader` with a script of
+    its own; a poll returns what each returns (a paused one: nothing)."""
+
+    def __init__(self, **by_partition: _StubReader) -> None:
+        self.stubs = {int(p[1:]): stub for p, stub in by_partition.items()}
+        self.assignments: list[list[int]] = []
+
+    def assign(self, partitions: list[Any]) -> None:
+        self.assignments.append(sorted(tp.partition for tp in partitions))
+        for number, stub in self.stubs.items():
+            stub.assign([tp for tp in partitions if tp.partition == number])
+
+    def seek(self, partition: Any, offset: int) -> None:
+        self.stubs[partition.partition].seek(partition, offset)
+
+    def pause(self, *partitions: Any) -> None:
+        for tp in partitions:
+            self.stubs[tp.partition].pause(tp)
+
+    def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> dict[Any, list[_Rec]]:
+        out: dict[Any, list[_Rec]] = {}
+        for stub in self.stubs.values():
+            if stub.tp is not None and stub.assignments[-1] and not stub.paused:
+                out.update(stub.poll(timeout_ms, max_records))
+        return out
+
+    def highwater(self, partition: Any) -> int | None:
+        return self.stubs[partition.partition].highwater(partition)
+
+    def position(self, partition: Any) -> int:
+        return self.stubs[partition.partition].position(partition)
+
+
+def _read_many(
+    reader: _Partitions, wanted: list[tuple[int, int]]
+) -> dict[int, tuple[list[int], list[int], list[int]]]:
+    """One round over (partition, offset)s: per partition, (found, gone, waiting)."""
+    result = RecordReader(reader, {QUEUE_LANE: "q"}, scan_timeout_s=0.0).read(
+        [_due(offset, partition) for partition, offset in wanted]
+    )
+    out: dict[int, tuple[list[int], list[int], list[int]]] = {
+        p: ([], [], []) for p in reader.stubs
+    }
+    for i, keys in enumerate((list(result.found), [d.key for d in result.gone],
+                              [d.key for d in result.waiting])):  # fmt: skip
+        for key in keys:
+            _, partition, offset = split_key(key)
+            out[partition][i].append(offset)
+    return {p: (sorted(f), sorted(g), sorted(w)) for p, (f, g, w) in out.items()}
+
+
+def test_partitions_are_scanned_together_each_to_its_own_outcome() -> None:
+    reader = _Partitions(
+        p1=_StubReader([10, 11, 13], highwater=14, polls=[]),  # 12: an aborted record
+        p2=_StubReader(list(range(100)), highwater=100, polls=[0, 5]),  # slow to fetch
+        p3=_StubReader([50, 51], highwater=52, polls=[], log_start=50),
+    )
+    assert _read_many(reader, [(1, 11), (1, 12), (2, 3), (3, 7), (3, 51)]) == {
+        1: ([11], [12], []),
+        2: ([], [], [3]),  # its fetch had not come back when the scan's time ran out
+        3: ([51], [7], []),
+    }
+    assert reader.assignments == [[], [1, 2, 3]]  # one pass: every partition at once
+    assert reader.stubs[1].paused and reader.stubs[3].paused  # done, while 2 went on
+
+
+def test_a_partition_whose_offsets_lie_far_apart_takes_a_pass_per_cluster() -> None:
+    far = SCAN_GAP + 100
+    reader = _Partitions(
+        p1=_StubReader([5, far], highwater=far + 1, polls=[]),
+        p2=_StubReader([8], highwater=9, polls=[]),
+    )
+    found = _read_many(reader, [(1, 5), (1, far), (2, 8)])
+    assert found == {1: ([5, far], [], []), 2: ([8], [], [])}
+    assert reader.assignments == [[], [1, 2], [], [1]]
+    assert reader.stubs[1].assignments[-1] == [reader.stubs[1].tp]
