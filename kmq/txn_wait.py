@@ -40,76 +40,52 @@ def init(producer: Any, timeout_s: float) -> None:
         config["max_block_ms"] = saved
 
 
-class Pending:
-    """A transactional call sent and not yet waited for (:meth:`wait`). Several producers'
-    calls started before any is waited for are answered side by side."""
-
-    def __init__(self, result: Any, what: str) -> None:
-        self._result = result
-        self._what = what
-
-    def wait(self, timeout_s: float) -> None:
-        """Wait at most ``timeout_s`` for the answer (:class:`TransactionStuck` after); the
-        call's own error, if it failed."""
-        if self._result is not None and not self._result.wait(timeout_ms=timeout_s * 1000):
-            raise TransactionStuck(
-                f"the transaction's {self._what} was not answered in {timeout_s:g} s"
-            )
-
-
 def send_offsets(
     producer: Any, offsets: Mapping[Any, Any], group_metadata: Any, timeout_s: float
 ) -> None:
-    start_send_offsets(producer, offsets, group_metadata).wait(timeout_s)
-
-
-def commit(producer: Any, timeout_s: float) -> None:
-    start_commit(producer).wait(timeout_s)
-
-
-def abort(producer: Any, timeout_s: float) -> None:
-    _start(
-        producer,
-        lambda m: m.begin_abort(),
-        lambda: producer.abort_transaction(),
-        "abort",
-    ).wait(timeout_s)
-
-
-def start_send_offsets(
-    producer: Any, offsets: Mapping[Any, Any], group_metadata: Any
-) -> Pending:
-    """Send the transaction's offset commit; wait for it with :meth:`Pending.wait`."""
-    return _start(
+    _wait(
         producer,
         lambda m: m.send_offsets_to_transaction(dict(offsets), group_metadata),
         lambda: producer.send_offsets_to_transaction(dict(offsets), group_metadata),
+        timeout_s,
         "offset commit",
     )
 
 
-def start_commit(producer: Any) -> Pending:
-    """Send the transaction's commit; wait for it with :meth:`Pending.wait`."""
-    return _start(
+def commit(producer: Any, timeout_s: float) -> None:
+    _wait(
         producer,
         lambda m: m.begin_commit(),
         lambda: producer.commit_transaction(),
+        timeout_s,
         "commit",
     )
 
 
-def _start(
+def abort(producer: Any, timeout_s: float) -> None:
+    _wait(
+        producer,
+        lambda m: m.begin_abort(),
+        lambda: producer.abort_transaction(),
+        timeout_s,
+        "abort",
+    )
+
+
+def _wait(
     producer: Any,
     start: Callable[[Any], Any],
     unbounded: Callable[[], None],
+    timeout_s: float,
     what: str,
-) -> Pending:
+) -> None:
     manager = getattr(producer, "_transaction_manager", None)
     sender = getattr(producer, "_sender", None)
     if manager is None or sender is None:
         unbounded()  # not kafka-python 3.0's KafkaProducer (a test stub): its own call
-        return Pending(None, what)
-    # What the KafkaProducer method does, with the wait left to Pending.wait.
+        return
+    # What the KafkaProducer method does, with a timeout on the wait.
     result = start(manager)
     sender.wakeup()
-    return Pending(result, what)
+    if not result.wait(timeout_ms=timeout_s * 1000):
+        raise TransactionStuck(f"the transaction's {what} was not answered in {timeout_s:g} s")

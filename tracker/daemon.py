@@ -46,7 +46,7 @@ from tracker.health import BrokerLink, ProbeServer
 from tracker.notices import UnreadNotices
 from tracker.orphans import OwnerWatch, owns_text
 from tracker.readers import LATELY_S, LiveReaders
-from tracker.redeliver import TXN_TIMEOUT_S, Copy, Redeliverer, Round, RoundOutcome, copy_of
+from tracker.redeliver import TXN_TIMEOUT_S, Copy, Redeliverer, RoundOutcome, copy_of
 from tracker.reread import RecordReader
 from tracker.stall import Change, Stall
 from tracker.state import Due, PartitionState, floor_ms
@@ -649,7 +649,8 @@ class Tracker:
                 copy = copy_of(d, record)
                 if not self._held_by_pause(copy, now):
                     by_partition.setdefault(d.marker_partition, []).append(copy)
-        self._redeliver_partitions(by_partition)
+        for partition, copies in by_partition.items():
+            self._redeliver_partition(partition, copies)
 
     def _copy_unread_again(self, due: list[Due], now: float) -> list[Due]:
         """``due`` without the copies nobody took that need no second copy yet: those
@@ -732,41 +733,24 @@ class Tracker:
             return False
         return TopicPartition(self.config.marker_topic, partition) in self._kc.assignment()
 
-    def _redeliver_partitions(self, by_partition: dict[int, list[Copy]]) -> None:
-        """One transaction per markers partition: its copies, their markers, and the commit
-        that skips them; the partitions' transactions go side by side
-        (:meth:`Redeliverer.rounds`)."""
-        rounds: list[Round] = []
-        plans: list[tuple[int, list[Copy], int | None]] = []
-        for partition, copies in by_partition.items():
-            state = self._states.get(partition)
-            txn = self._writers.get(partition)
-            if state is None or txn is None:
-                continue
-            offset = state.commit_offset(c.due.start_offset for c in copies)
-            if not self._owned_now(partition):
-                offset = None  # committed later, once the group has settled
-            tp = TopicPartition(self.config.marker_topic, partition)
-            offsets = {tp: OffsetAndMetadata(offset, "", -1)} if offset is not None else {}
-            rounds.append(Round(txn, copies, offsets, self._kc.group_metadata()))
-            plans.append((partition, copies, offset))
-        if not rounds:
+    def _redeliver_partition(self, partition: int, copies: list[Copy]) -> None:
+        """One transaction: the copies, their markers, and the commit that skips them."""
+        state = self._states.get(partition)
+        txn = self._writers.get(partition)
+        if state is None or txn is None:
             return
+        offset = state.commit_offset(c.due.start_offset for c in copies)
+        if not self._owned_now(partition):
+            offset = None  # committed later, once the group has settled
+        tp = TopicPartition(self.config.marker_topic, partition)
+        offsets = {tp: OffsetAndMetadata(offset, "", -1)} if offset is not None else {}
         began = time.monotonic()
         try:
-            outcomes = self._redeliverer.rounds(rounds)
+            outcome = self._redeliverer.round(txn, copies, offsets, self._kc.group_metadata())
         except KafkaError as exc:  # the layout could not be read, say
-            self._trouble(exc, "markers partitions %s: redelivery not started",
-                          [p for p, _, _ in plans])  # fmt: skip
-            outcomes = [RoundOutcome(False)] * len(rounds)
+            self._trouble(exc, "markers partition %d: redelivery not started", partition)
+            outcome = RoundOutcome(False)
         self._slowest_txn_s = max(self._slowest_txn_s, time.monotonic() - began)
-        for (partition, copies, offset), outcome in zip(plans, outcomes, strict=True):
-            self._settle(partition, copies, offset, outcome)
-
-    def _settle(
-        self, partition: int, copies: list[Copy], offset: int | None, outcome: RoundOutcome
-    ) -> None:
-        """Act on how one markers partition's redelivery transaction ended."""
         if outcome.fenced:
             self._fenced(partition)
             return
@@ -936,7 +920,7 @@ class Tracker:
         stats = self.stats()
         # The slowest loop turn, and the slowest redelivery step, since the last stats line:
         # while a turn lasts, nothing else is read or redelivered. Of a redelivery step: the
-        # slowest re-read of its records, and the slowest transactions (all its partitions').
+        # slowest re-read of its records, and the slowest one partition's transaction.
         stats["turn_max_ms"] = round(self._slowest_turn_s * 1000)
         stats["redeliver_max_ms"] = round(self._slowest_redelivery_s * 1000)
         stats["reread_max_ms"] = round(self._slowest_reread_s * 1000)

@@ -4,7 +4,7 @@ copies and their markers in one fenced transaction, reporting how it ended."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Generator, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,17 +93,6 @@ class RoundOutcome:
     placed: tuple[tuple[int, int] | None, ...] = field(default=(), compare=False)
     """Once written: where each copy landed on the retry topic, (partition, offset), in the
     order of the copies (``None`` for a dead letter, or where the client did not say)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Round:
-    """One markers partition's redelivery: its copies, in its producer's transaction, with
-    the markers-offset commit that skips them (none: committed later)."""
-
-    txn: Any
-    copies: list[Copy]
-    offsets: Mapping[TopicPartition, OffsetAndMetadata]
-    group_metadata: Any
 
 
 class Redeliverer:
@@ -208,42 +197,15 @@ class Redeliverer:
         group_metadata: Any,
     ) -> RoundOutcome:
         """Copies, their markers and the markers-offset commit that skips them: all or none."""
-        return self.rounds([Round(txn, copies, offsets, group_metadata)])[0]
-
-    def rounds(self, rounds: list[Round]) -> list[RoundOutcome]:
-        """Several markers partitions' rounds, each in its own producer's transaction, side
-        by side: every round's first step (its offset commit, or its commit) is sent before
-        any is waited for, and each next step as soon as the last is answered, so the rounds
-        cost about the slowest one's round trips, not the sum of them all. Outcomes in the
-        order of ``rounds``."""
-        steps = [self._steps(r) for r in rounds]
-        outcomes: list[RoundOutcome | None] = [None] * len(steps)
-        going = list(range(len(steps)))
-        while going:
-            for i in list(going):
-                try:
-                    next(steps[i])
-                except StopIteration as stop:
-                    outcomes[i] = stop.value
-                    going.remove(i)
-        return [o if o is not None else RoundOutcome(False) for o in outcomes]
-
-    def _steps(self, r: Round) -> Generator[None, None, RoundOutcome]:
-        """One round; it yields after sending each step, and waits for the step when resumed."""
         futures: list[Any] = []
-        txn = r.txn
         try:
             txn.begin_transaction()
-            for copy in r.copies:
+            for copy in copies:
                 futures.append(self.send_copy(txn, copy))
                 self.send_marker(txn, copy)
-            if r.offsets:
-                pending = txn_wait.start_send_offsets(txn, r.offsets, r.group_metadata)
-                yield
-                pending.wait(self._txn_timeout_s)
-            pending = txn_wait.start_commit(txn)
-            yield
-            pending.wait(self._txn_timeout_s)
+            if offsets:
+                txn_wait.send_offsets(txn, offsets, group_metadata, self._txn_timeout_s)
+            txn_wait.commit(txn, self._txn_timeout_s)
         except TransactionStuck as exc:
             log.warning("redelivery transaction stuck (%s); claiming the partition again", exc)
             return RoundOutcome(False, stuck=True)
@@ -262,7 +224,7 @@ class Redeliverer:
             True,
             placed=tuple(
                 _placed(future) if copy.dead_letter_queue is None else None
-                for copy, future in zip(r.copies, futures, strict=True)
+                for copy, future in zip(copies, futures, strict=True)
             ),
         )
 

@@ -2,7 +2,7 @@
 for Kafka.
 
 The Tracker constructor connects to Kafka, so these tests build one with ``__new__`` and set
-only what ``_redeliver``, ``_redeliver_partitions``, ``_fenced`` and the rebalance handlers
+only what ``_redeliver``, ``_redeliver_partition``, ``_fenced`` and the rebalance handlers
 use: the states, a real PartitionWriters over stub transactional producers, a real
 Redeliverer, and stubs for the group consumer and markers reader (one object), the record
 reader and the pause table."""
@@ -377,7 +377,7 @@ def test_redeliver_partition_without_a_writer_does_nothing() -> None:
     h = Harness(partitions=(0,))
     [due] = h.states[0].due(time.monotonic())
     record = StubRecords().read([due]).found[due.key]
-    h.tracker._redeliver_partitions({0: [copy_of(due, record)]})
+    h.tracker._redeliver_partition(0, [copy_of(due, record)])
     assert h.tracker.partitions() == [0] and h.states[0].stats["fenced"] == 0
     assert h.producers.made == {}
 

@@ -11,7 +11,7 @@ from kafka.producer.transaction_manager import TransactionalRequestResult
 
 from kmq import txn_wait
 from kmq.txn_wait import TransactionStuck
-from tracker.redeliver import Redeliverer, Round, RoundOutcome
+from tracker.redeliver import Redeliverer, RoundOutcome
 
 
 class _Manager:
@@ -118,77 +118,6 @@ def test_a_stuck_round_tells_the_daemon_to_claim_the_partition_again() -> None:
     assert redeliverer.round(_Producer("fenced"), [], {"tp": 1}, "group") == RoundOutcome(
         False, fenced=True
     )
-
-
-class _Answered:
-    """A result already answered (``error``: how) whose wait is written in ``log``."""
-
-    def __init__(self, log: list[str], name: str, error: BaseException | None) -> None:
-        self.log, self.name, self.error = log, name, error
-
-    def wait(self, timeout_ms: float | None = None) -> bool:
-        self.log.append(f"wait {self.name}")
-        if self.error is not None:
-            raise self.error
-        return True
-
-
-class _LoggedManager:
-    def __init__(self, log: list[str], producer: str, fail: dict[str, BaseException]) -> None:
-        self.log, self.producer, self.fail = log, producer, fail
-
-    def _result(self, step: str) -> _Answered:
-        name = f"{step} {self.producer}"
-        self.log.append(f"send {name}")
-        return _Answered(self.log, name, self.fail.get(step))
-
-    def send_offsets_to_transaction(self, offsets: Any, group: Any) -> _Answered:
-        return self._result("offsets")
-
-    def begin_commit(self) -> _Answered:
-        return self._result("commit")
-
-    def begin_abort(self) -> _Answered:
-        return self._result("abort")
-
-
-def _logged(log: list[str], name: str, **fail: BaseException) -> _Producer:
-    producer = _Producer("ok")
-    producer._transaction_manager = _LoggedManager(log, name, fail)  # type: ignore[assignment]
-    return producer
-
-
-def test_rounds_of_several_partitions_go_side_by_side() -> None:
-    log: list[str] = []
-    redeliverer = Redeliverer("q", "q.retry", "m", lambda topic, queue: (0,))
-    a, b = _logged(log, "a"), _logged(log, "b")
-    outcomes = redeliverer.rounds([Round(a, [], {"tp": 1}, "g"), Round(b, [], {"tp": 2}, "g")])
-    assert outcomes == [RoundOutcome(True), RoundOutcome(True)]
-    # Each round's next step is sent as soon as its last one is answered, and no round's
-    # wait comes before every round's first step is sent.
-    assert log == [
-        "send offsets a", "send offsets b", "wait offsets a", "send commit a",
-        "wait offsets b", "send commit b", "wait commit a", "wait commit b",
-    ]  # fmt: skip
-
-
-def test_one_partitions_failed_round_leaves_the_others_alone() -> None:
-    log: list[str] = []
-    redeliverer = Redeliverer("q", "q.retry", "m", lambda topic, queue: (0,))
-    fenced = _logged(log, "a", offsets=ProducerFencedError())
-    failed = _logged(log, "b", commit=KafkaError("coordinator moved"))
-    fine = _logged(log, "c")
-    outcomes = redeliverer.rounds(
-        [Round(p, [], {"tp": 1}, "g") for p in (fenced, failed, fine)]
-        + [Round(_logged(log, "d"), [], {}, "g")]  # nothing to commit: straight to its commit
-    )
-    assert outcomes == [
-        RoundOutcome(False, fenced=True), RoundOutcome(False), RoundOutcome(True),
-        RoundOutcome(True),
-    ]  # fmt: skip
-    assert "send commit a" not in log  # a fenced producer commits nothing
-    assert log.index("send abort b") > log.index("wait commit b")
-    assert log.index("send commit d") < log.index("wait offsets a")
 
 
 class _InitProducer:
