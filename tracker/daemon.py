@@ -532,7 +532,10 @@ class Tracker:
             if state.tick_needed(now, tick_s):
                 entry, text = state.tick(now, self._acked.get(partition))
                 self._send_probe(partition, [entry], [text])
-        if tick_s > 0 and self._states and now >= self._next_beacon:
+        # Beacons go out from a replica holding nothing yet too: on the partitions it is
+        # given later, its own beacons in the replay then bound each lease on its own clock
+        # (tracker.handover), and the others know its clock should it take some and die.
+        if tick_s > 0 and now >= self._next_beacon:
             self._beacon(now)
 
     def _beacon(self, now: float) -> None:

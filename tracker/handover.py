@@ -27,7 +27,8 @@ bound.
 from __future__ import annotations
 
 import math
-from collections import deque
+from array import array
+from bisect import bisect_right
 from collections.abc import Iterator, Mapping
 
 DRIFT_MARGIN_S = 0.1
@@ -36,16 +37,15 @@ million, a few milliseconds over the longest lease."""
 
 MAX_AGE_MS = 2**32 - 1
 
-MAX_PENDING = 100_000
-"""Leases awaiting a tick are kept up to this many: a replay whose predecessor wrote no
-ticks (ticks off, or a tracker before them) must not grow without bound. The oldest beyond
-it keep the lease from their replay, as without ticks."""
-
 MAX_TRACKED = 100_000
-"""Deliveries a replay keeps bookkeeping for, awaiting a tick or covered by one (about 250
-bytes each while the replay lasts, so at most about 25 MB): a successor replaying a
-million open leases would otherwise hold that much more than the leases themselves. One
-beyond it keeps the lease from its replay, as without ticks."""
+"""Deliveries a replay keeps bookkeeping for (about 200 bytes each while the replay lasts,
+so at most about 20 MB): a successor replaying a million open leases would otherwise hold
+that much more than the leases themselves. One beyond it keeps the lease from its replay,
+as without ticks."""
+
+MAX_TICKS = 100_000
+"""Ticks a replay keeps per writer (16 bytes each): four a second cover about seven hours
+of one owner's markers. Those beyond cover nothing, as if never written."""
 
 
 def ceil_ms(t: float) -> int:
@@ -226,43 +226,36 @@ class Handover:
     a delivery's deadline that is not such a lease (:meth:`forget`), and every tick read
     (:meth:`tick`); once the replay is over, :meth:`deadlines` says which deadlines may be
     brought forward, and to when.
+
+    Every tick after a marker bounds when that marker was on the broker, each on its
+    writer's clock; the earliest bound wins, over every writer. A predecessor this replica
+    never heard live writes the most ticks, but its clock is known only from them (read in
+    the replay, long after they were sent); the ticks of a replica whose clock is known
+    (this one's own beacons, written to every markers partition, or a live one's) bound
+    the same markers closely.
     """
 
     def __init__(self) -> None:
-        # Leases read since the last tick that covers them, in offset order.
-        self._pending: deque[tuple[int, int, float]] = deque()  # (offset, key, lease_s)
-        # Per delivery, the offset of the marker whose read time set its deadline.
-        self._marks: dict[int, int] = {}
-        # Per delivery: (owner, acked_at_s, lease_s, marker offset) of the tick covering it.
-        self._bounds: dict[int, tuple[int, float, float, int]] = {}
-        # Per owner (its nonce): the least (read time - acked_at) seen.
+        # Per delivery: (offset, lease_s) of the marker whose read time set its deadline.
+        self._marks: dict[int, tuple[int, float]] = {}
+        # Per writer (its clock, else its nonce): the offsets its ticks say were on the
+        # broker, ascending, and when (seconds on its clock).
+        self._ticks: dict[int, tuple[array[int], array[float]]] = {}
+        # Per writer: the least (read time - acked_at) seen.
         self._clock_offset_s: dict[int, float] = {}
 
     def leased(self, offset: int, key: int, lease_s: float) -> None:
         """The marker at ``offset`` (a START or KEEPALIVE) set ``key``'s deadline to its read
         time plus ``lease_s``."""
-        pending, marks = self._pending, self._marks
-        if len(pending) >= MAX_PENDING:
-            self._evict_oldest()
-        if key not in marks:
-            while len(marks) >= MAX_TRACKED and pending:
-                self._evict_oldest()
-            if len(marks) >= MAX_TRACKED:
-                return  # every tracked lease is covered: this one keeps its replay lease
-        marks[key] = offset
-        pending.append((offset, key, lease_s))
-
-    def _evict_oldest(self) -> None:
-        offset, key, _ = self._pending.popleft()
-        if self._marks.get(key) == offset:
-            del self._marks[key]
-            self._bounds.pop(key, None)  # an earlier lease's bound, no longer its deadline
+        marks = self._marks
+        if key not in marks and len(marks) >= MAX_TRACKED:
+            return  # this one keeps its replay lease
+        marks[key] = (offset, lease_s)
 
     def forget(self, key: int) -> None:
         """``key``'s deadline was set some other way (a NACK, a second START), or it was
         settled: leave it."""
         self._marks.pop(key, None)
-        self._bounds.pop(key, None)
 
     def tick(self, owner: int, acked_offset: int, acked_at_ms: int, now: float) -> None:
         """A tick of ``owner`` (the clock it names, else its writer's nonce) read at
@@ -273,23 +266,39 @@ class Handover:
         known = self._clock_offset_s.get(owner)
         if known is None or offset_s < known:
             self._clock_offset_s[owner] = offset_s
-        pending, marks = self._pending, self._marks
-        while pending and pending[0][0] < acked_offset:
-            offset, key, lease_s = pending.popleft()
-            if marks.get(key) == offset:
-                self._bounds[key] = (owner, acked_at_s, lease_s, offset)
+        ticks = self._ticks.get(owner)
+        if ticks is None:
+            ticks = self._ticks[owner] = (array("q"), array("d"))
+        offsets, times = ticks
+        # One no further than the last covers no marker the last does not, and no sooner.
+        if (not offsets or acked_offset > offsets[-1]) and len(offsets) < MAX_TICKS:
+            offsets.append(acked_offset)
+            times.append(acked_at_s)
 
     def deadlines(
         self, clocks: ClockBounds | None = None, now: float = 0.0
     ) -> Iterator[tuple[int, float]]:
-        """``(key, deadline)`` for every lease a tick covers, on the reader's clock; with
-        ``clocks``, by the closer of the ticks' and the beacons' bounds at ``now``."""
-        marks, offsets = self._marks, dict(self._clock_offset_s)
-        if clocks is not None:
-            for owner, offset_s in offsets.items():
+        """``(key, deadline)`` for every lease a tick covers, on the reader's clock: the
+        earliest over every writer's first tick after its marker, each by the closer of
+        that writer's ticks' and (with ``clocks``) its beacons' bounds at ``now``."""
+        writers: list[tuple[float, array[int], array[float]]] = []
+        for owner, (offsets, times) in self._ticks.items():
+            offset_s = self._clock_offset_s[owner]
+            if clocks is not None:
                 beacon = clocks.bound(owner, now)
                 if beacon is not None and beacon < offset_s:
-                    offsets[owner] = beacon
-        for key, (owner, acked_at_s, lease_s, offset) in self._bounds.items():
-            if marks.get(key) == offset:
-                yield key, acked_at_s + offsets[owner] + lease_s + DRIFT_MARGIN_S
+                    offset_s = beacon
+            if offsets:
+                writers.append((offset_s, offsets, times))
+        if not writers:
+            return
+        for key, (offset, lease_s) in self._marks.items():
+            best: float | None = None
+            for offset_s, offsets, times in writers:
+                i = bisect_right(offsets, offset)  # its first tick past the marker
+                if i < len(offsets):
+                    at = times[i] + offset_s
+                    if best is None or at < best:
+                        best = at
+            if best is not None:
+                yield key, best + lease_s + DRIFT_MARGIN_S

@@ -895,6 +895,22 @@ def test_a_replica_writes_a_beacon_to_every_markers_partition_each_second() -> N
     assert len(producer.sent) == 4, "the next one a second later"
 
 
+def test_a_replica_holding_no_partition_writes_beacons_too() -> None:
+    """Its beacons, read back in the replay of a partition it is given later, bound that
+    partition's leases on its own clock (tracker.handover)."""
+    h = Harness(partitions=())
+    t = h.tracker
+    producer = StubTxnProducer()
+    raw: Any = t
+    raw._producer = producer
+    t._acked = {}
+    t._probe()
+    assert [s.partition for s in producer.sent] == [0, 1, 2, 3]
+    for entries, texts in (parse(s.value) for s in producer.sent):
+        assert parse_beacon(entries[0][3], texts[0]) == (t._nonce, {}, None)
+        assert parse_owns(texts[1]) == (t._nonce, frozenset()), "holds nothing"
+
+
 def test_a_tick_names_its_writers_clock() -> None:
     clocks = ClockBounds(own=7)
     state = PartitionState(0, probe_nonce=99, clocks=clocks)  # regated: nonce != clock

@@ -24,6 +24,7 @@ from tracker.state import PartitionState, floor_ms
 
 S, K, E, N = MarkerType.START, MarkerType.KEEPALIVE, MarkerType.END, MarkerType.NACK
 OLD = 7  # the predecessor's nonce
+NEW = 3  # the successor's clock
 DELIVERY = (0, 1, 40)
 KEY = delivery_key(*DELIVERY)
 
@@ -180,57 +181,68 @@ def test_a_replay_without_ticks_keeps_bounded_bookkeeping(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A predecessor that wrote no ticks: the replay's bookkeeping stays bounded (settled
-    deliveries leave it, and at most MAX_PENDING leases wait for a tick), and what fell
-    out of it keeps the lease from its replay."""
-    monkeypatch.setattr(handover, "MAX_PENDING", 3)
+    deliveries leave it, and at most MAX_TRACKED leases are kept), and a lease beyond it
+    keeps the lease from its replay."""
+    monkeypatch.setattr(handover, "MAX_TRACKED", 3)
     deliveries = [(0, 1, 40 + i) for i in range(6)]
-    records = [marker(S, d) for d in deliveries] + [marker(E, deliveries[5])]
-    records += [probe_record(4.0), probe_record(9.0, acked=(7, 8.0))]  # covers all six
+    records = [marker(S, deliveries[0]), marker(E, deliveries[0])]
+    records += [marker(S, d) for d in deliveries[1:]]
+    records += [probe_record(4.0), probe_record(9.0, acked=(len(records), 8.0))]  # covers all
     state = replaying(len(records) + 1)
     replay(state, records, 100.0)
     book = state._handover
     assert book is not None
-    assert len(book._pending) == 0 and len(book._marks) == len(book._bounds) == 2
-    state.on_record(len(records), probe_record(10.0, acked=(8, 9.5)), 100.0)
-    kept = [state.deadline_of(delivery_key(*d)) for d in deliveries[:5]]
-    assert kept[:3] == [100.0 + LEASE_S] * 3, "fell out of the bookkeeping: as without ticks"
-    assert kept[3:] == [pytest.approx(8.0 + 90.5 + LEASE_S + DRIFT_MARGIN_S)] * 2
+    assert set(book._marks) == {delivery_key(*d) for d in deliveries[1:4]}
+    state.on_record(len(records), probe_record(10.0, acked=(len(records) - 1, 9.5)), 100.0)
+    kept = [state.deadline_of(delivery_key(*d)) for d in deliveries[1:]]
+    assert kept[:3] == [pytest.approx(8.0 + 90.5 + LEASE_S + DRIFT_MARGIN_S)] * 3
+    assert kept[3:] == [100.0 + LEASE_S] * 2, "beyond the bookkeeping: as without ticks"
 
 
-def test_a_replay_keeps_bookkeeping_for_at_most_max_tracked_deliveries(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Leases covered by ticks stay in the bookkeeping until the replay ends, so their
-    number is capped too: one beyond the cap keeps the lease from its replay."""
-    monkeypatch.setattr(handover, "MAX_TRACKED", 2)
-    deliveries = [(0, 1, 40 + i) for i in range(3)]
-    records = [marker(S, deliveries[0]), marker(S, deliveries[1]), probe_record(4.0),
-               probe_record(9.0, acked=(2, 8.0)), marker(S, deliveries[2])]  # fmt: skip
-    state = replaying(len(records) + 1)
-    replay(state, records, 100.0)
-    book = state._handover
-    assert book is not None
-    assert len(book._marks) == len(book._bounds) == 2 and len(book._pending) == 0
-    state.on_record(len(records), probe_record(10.0, acked=(5, 9.5)), 100.0)
-    taken = [state.deadline_of(delivery_key(*d)) for d in deliveries]
-    assert taken[:2] == [pytest.approx(8.0 + 90.5 + LEASE_S + DRIFT_MARGIN_S)] * 2
-    assert taken[2] == 100.0 + LEASE_S, "beyond the cap: as without ticks"
-
-
-def test_a_lease_that_falls_out_of_the_bookkeeping_takes_its_old_bound_along(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(handover, "MAX_PENDING", 1)
+def test_a_replay_keeps_at_most_max_ticks_per_writer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ticks beyond the cap are as if never written: what only they would cover keeps the
+    lease from its replay."""
+    monkeypatch.setattr(handover, "MAX_TICKS", 1)
     other = (0, 1, 41)
     records = [marker(S, DELIVERY), probe_record(4.0), probe_record(9.0, acked=(1, 8.0)),
-               marker(K, DELIVERY), marker(S, other)]  # fmt: skip
-    state = replaying(len(records) + 1)
+               marker(S, other), probe_record(10.0, acked=(2, 9.5))]  # fmt: skip
+    state = replaying(len(records))
     replay(state, records, 100.0)
-    book = state._handover
-    assert book is not None
-    assert set(book._marks) == {delivery_key(*other)} and book._bounds == {}
-    state.on_record(len(records), probe_record(10.0, acked=(5, 9.5)), 100.0)
-    assert state.deadline_of(KEY) == 100.0 + LEASE_S, "its KEEPALIVE fell out: as without ticks"
+    assert state.deadline_of(KEY) == pytest.approx(8.0 + 90.5 + LEASE_S + DRIFT_MARGIN_S)
+    assert state.deadline_of(delivery_key(*other)) == 100.0 + LEASE_S
+
+
+def test_a_keepalive_no_tick_covers_drops_the_bound_of_its_start() -> None:
+    records = [marker(S, DELIVERY), probe_record(4.0), probe_record(9.0, acked=(1, 8.0)),
+               marker(K, DELIVERY)]  # fmt: skip
+    state = replaying(len(records))
+    replay(state, records, 100.0)
+    assert state.deadline_of(KEY) == 100.0 + LEASE_S, "renewed after every tick: afresh"
+
+
+def test_the_earliest_bound_over_every_writer_wins() -> None:
+    """The predecessor (OLD) ticks four times a second, but this replica (NEW) never read
+    its beacons live: its ticks, read in the replay 60 s on, only bound its clock loosely.
+    This replica's own beacon, written to the partition before it was assigned it, came
+    after the same START: on this replica's clock, exactly."""
+    new = 3
+    clocks = ClockBounds(own=new)
+    records = [
+        marker(S, DELIVERY),  # 0
+        probe_record(4.0),  # 1
+        probe_record(4.25, acked=(1, 4.1)),  # 2: OLD's tick, the first to cover the START
+        beacon_record(40.0, new),  # 3: this replica's beacon, on the broker by 40.2 here
+        probe_record(4.5, acked=(2, 4.3)),  # 4: then OLD died
+        beacon_record(41.0, new, acked=(3, 40.2)),  # 5
+    ]
+    successor = replaying(len(records), clocks)
+    replay(successor, records, 100.0)
+    # By OLD's ticks: 4.1 + (100 - 4.3) + lease; by its own beacon: 40.2 + lease.
+    assert successor.next_deadline() == pytest.approx(40.2 + LEASE_S + DRIFT_MARGIN_S)
+    assert [d.delivery for d in successor.due(100.0)] == [DELIVERY]
+    without = replaying(len(records))  # no clock of its own to go by
+    replay(without, records, 100.0)
+    assert without.next_deadline() == pytest.approx(99.8 + LEASE_S + DRIFT_MARGIN_S)
 
 
 def test_tick_needed_and_the_tick_it_writes() -> None:
@@ -267,18 +279,35 @@ OFFSETS = st.floats(-1e5, 1e5)
 
 
 def predecessor_log(
-    steps: list[tuple[str, int, float, float]], old_clock_s: float
+    steps: list[tuple[str, int, float, float]], old_clock_s: float, own_clock_s: float = 0.0
 ) -> tuple[list[bytes], list[bytes], dict[int, float], float]:
     """A predecessor's partition built from ``steps``, by its clock ``old_clock_s`` off the
     real one: the records, the same with every tick a plain probe, per delivery when what
-    set its deadline last was appended (real time), and when the last record was."""
+    set its deadline last was appended (real time), and when the last record was. Steps
+    ``own`` and ``owntick`` are beacons of the successor (clock :data:`NEW`, ``own_clock_s``
+    off the real one), written there before it was assigned the partition."""
     records: list[bytes] = []
     plain: list[bytes] = []  # the same log with every tick a plain probe
     acked: list[tuple[int, float]] = []  # (offset, acknowledged at: real time)
+    own_acked: list[tuple[int, float]] = []
     last: dict[int, float] = {}  # per delivery, when what set its deadline last was appended
     t = 0.0
     for what, which, dt, ack_s in steps:
         t += dt
+        if what in ("own", "owntick"):
+            sent = floor_ms(t + own_clock_s) / 1000
+            if sent <= 0:
+                continue  # a monotonic clock never reads below 0
+            known = [(o, at) for o, at in own_acked if at <= t]
+            tick = None
+            if what == "owntick" and known:
+                o, at = known[which % len(known)]
+                tick = (o, at + own_clock_s)
+            if what == "own":
+                own_acked.append((len(records), t + ack_s))
+            records.append(beacon_record(sent, NEW, acked=tick))
+            plain.append(beacon_record(sent, NEW))
+            continue
         if what == "tick":
             known = [(offset, at) for offset, at in acked if at <= t]  # sent after the ack
             if not known:
@@ -336,6 +365,34 @@ def assert_taken_over_no_sooner(
         assert taken <= before, "only ever brought forward"
         # (1e-6: the float arithmetic of this test, not of the tracker)
         assert taken - clock_s >= appended + LEASE_S - 1e-6, "never before the lease ran out"
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["S", "K", "E", "N", "probe", "tick", "own", "owntick"]),
+            st.integers(0, 3), st.floats(0, 3), st.floats(0, 2),
+        ),
+        max_size=40,
+    ),
+    OFFSETS, st.floats(0, 1e5), st.floats(0, 20),
+)  # fmt: skip
+@example(  # its own beacon after a START: the START's lease ends by that beacon's ack
+    [("S", 0, 1, 0), ("own", 0, 0, 0), ("owntick", 0, 1, 0)], 0.0, 5.0, 0.0,
+)  # fmt: skip
+def test_with_its_own_beacons_a_lease_taken_over_still_never_ends_early(
+    steps: list[tuple[str, int, float, float]], old_clock_s: float, new_clock_s: float,
+    read_after_s: float,
+) -> None:  # fmt: skip
+    """As above, the log holding the successor's own beacons too, some of them ticks: on
+    its own clock they bound exactly when what came before them was on the broker."""
+    records, plain, last, t = predecessor_log(steps, old_clock_s, new_clock_s)
+    now = t + read_after_s + new_clock_s
+    with_ticks, without = replaying(len(records), ClockBounds(own=NEW)), replaying(len(plain))
+    replay(with_ticks, records, now)
+    replay(without, plain, now)
+    assert_taken_over_no_sooner(with_ticks, without, last, new_clock_s)
 
 
 @settings(max_examples=500, deadline=None)
