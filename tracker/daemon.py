@@ -618,6 +618,20 @@ class Tracker:
             if self._writers.get(partition) is None:
                 continue  # not fenced in yet: it must not redeliver from this partition
             due.extend(state.due(now, budget - len(due)))
+        if not due:
+            return
+        try:
+            self._redeliver_due(due, now)
+        except KafkaError:
+            # Taken from their states, they are out of the deadline lists until an outcome
+            # is reported: one left without would never come due again, and a marker read
+            # for it meanwhile (a NACK of its copy) is passed over as late. Those with an
+            # outcome already are left as they are.
+            for d in due:
+                self._failed(d)
+            raise
+
+    def _redeliver_due(self, due: list[Due], now: float) -> None:
         due = self._copy_unread_again(due, now)
         if not due:
             return
@@ -828,7 +842,10 @@ class Tracker:
         live = self._readers.live(queue, now, within_s)
         if not live:
             return live
-        count = self._partition_count(self.config.retry_topic)
+        try:
+            count = self._partition_count(self.config.retry_topic)
+        except KafkaError:  # metadata not cached, and Kafka not reachable: as they said
+            return live
         return frozenset(p for p in live if p < count)
 
     def _partition_count(self, topic: str) -> int:

@@ -784,6 +784,54 @@ def test_a_copy_still_unread_with_no_reader_anywhere_is_noticed_again() -> None:
     assert notices_sent(h) == [(CONFIG.control_topic, key, UNREAD_VALUE)]
 
 
+def test_broker_trouble_after_deliveries_are_taken_leaves_none_stranded() -> None:
+    """A KafkaError out of a round after its deliveries were taken from their states: each
+    is tried again after the retry interval, like any failed redelivery, and the error
+    still ends the round. Before, they stayed marked as being redelivered and out of the
+    deadline list for good: a NACK of such a copy, read later, was passed over as late and
+    nothing redelivered it (chaos run 45 lost one message with those signs)."""
+    h = Harness(partitions=(0,))
+    h.claim(0)
+    key = watched_copy_due(h)
+    h.tracker._readers.note([("kmq.reads", b"orders 1")], time.monotonic())
+    raw: Any = h.tracker
+
+    def fails(partition: int, copies: list[Any]) -> None:
+        raise KafkaTimeoutError("lost Kafka")
+
+    raw._redeliver_partition = fails
+    before = time.monotonic()
+    with pytest.raises(KafkaTimeoutError):
+        h.tracker._redeliver()
+    state = h.states[0]
+    assert state.stats["redelivery_failed"] == 1
+    deadline = state.deadline_of(key)
+    assert deadline is not None and deadline >= before + CONFIG.redelivery_retry_s
+    assert state.next_deadline() == deadline, "back in the deadline list"
+    nack = (int(MarkerType.NACK), RETRY_LANE, 1, 40, 2, 0, 0, 0)
+    state.on_record(11, encode_entries([nack], []), time.monotonic())
+    assert state.stats["nack"] == 1 and state.stats["late_marker"] == 0
+
+
+def test_retry_partitions_unknown_to_a_broker_out_of_reach_fail_no_round() -> None:
+    """Which retry partitions readers were heard on is checked against the topic's
+    partition count; with that not cached and Kafka out of reach, what they said stands."""
+    h = Harness(partitions=(0,))
+    h.claim(0)
+    watched_copy_due(h)
+    h.tracker._readers.note([("kmq.reads", b"orders 0")], time.monotonic())
+    raw: Any = h.tracker
+
+    def unreachable(topic: str) -> int:
+        raise KafkaTimeoutError("no metadata")
+
+    raw._partition_count = unreachable
+    h.tracker._redeliver()
+    state = h.states[0]
+    assert state.stats["unread_waits"] == 1, "its reader (0) is alive: it is coming"
+    assert state.stats["redelivery_failed"] == 0 and state.watched == 1
+
+
 def test_a_transactional_producer_that_cannot_reach_kafka_gives_up_within_a_second() -> None:
     """Building a partition's producer connects on the loop's thread: with a broker that
     accepts connections but never answers (a stalled network, say), it must fail as a
