@@ -225,15 +225,14 @@ def test_the_earliest_bound_over_every_writer_wins() -> None:
     its beacons live: its ticks, read in the replay 60 s on, only bound its clock loosely.
     This replica's own beacon, written to the partition before it was assigned it, came
     after the same START: on this replica's clock, exactly."""
-    new = 3
-    clocks = ClockBounds(own=new)
+    clocks = ClockBounds(own=NEW)
     records = [
         marker(S, DELIVERY),  # 0
         probe_record(4.0),  # 1
         probe_record(4.25, acked=(1, 4.1)),  # 2: OLD's tick, the first to cover the START
-        beacon_record(40.0, new),  # 3: this replica's beacon, on the broker by 40.2 here
+        beacon_record(40.0, NEW),  # 3: this replica's beacon, on the broker by 40.2 here
         probe_record(4.5, acked=(2, 4.3)),  # 4: then OLD died
-        beacon_record(41.0, new, acked=(3, 40.2)),  # 5
+        beacon_record(41.0, NEW, acked=(3, 40.2)),  # 5
     ]
     successor = replaying(len(records), clocks)
     replay(successor, records, 100.0)
