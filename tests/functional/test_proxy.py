@@ -288,7 +288,12 @@ def test_messages_handed_out_by_a_killed_replica_come_back_after_their_leases(
     assert {m["id"] for m in again} == set(ids), "a message was lost with the replica"
     handed_out = {m["id"] for m in got}
     back = [m for m in again if m["id"] in handed_out]
-    assert len(back) == 3 and all(m["attempt"] == 2 for m in back), "committed: copied once"
+    # Committed, so never read again from the queue (that would be attempt 1): only the
+    # tracker's copies come back. A copy written while no reader of the queue was heard
+    # (the group still rebalancing after the kill) is copied again 2 s later toward one that
+    # is, and both may be delivered (README: `--unread-copy-s`), so one id can come back twice.
+    assert {m["id"] for m in back} == handed_out, "every handed-out message copied"
+    assert all(m["attempt"] == 2 for m in back), "committed: only the tracker's copies"
     assert time.monotonic() - asked >= 2.0, "released before their leases ran out"
     assert settle(a, queue, "ack", [m["receipt"] for m in again]).status_code == 200
 
