@@ -41,7 +41,7 @@ from tests.functional.helpers import (
 )
 from tracker.config import TrackerConfig
 from tracker.daemon import Tracker
-from tracker.handover import parse_tick
+from tracker.handover import parse_beacon, parse_tick
 
 
 def receive_all(consumer: kmq.Consumer, count: int, timeout_s: float) -> list[kmq.Message]:
@@ -407,6 +407,84 @@ def test_a_killed_trackers_partitions_are_adopted_long_before_its_session_ends(
         message_id for message_id, attempt in queue_records(broker, topics.retry) if attempt > 1
     )
     assert copies == Counter(sent), "each lease redelivered exactly once"
+
+
+def beacon_clocks_covering(broker: Broker, topics: Topics, partition: int) -> set[int]:
+    """The clocks whose beacons on markers ``partition`` carry a tick past its last START or
+    KEEPALIVE: each such beacon says that marker was on the broker by a time on its clock."""
+    last = -1
+    ticks: list[tuple[int, int]] = []  # (clock, acked offset)
+    for record in read_records(broker.bootstrap_servers, topics.markers):
+        if record.partition != partition:
+            continue
+        entries, texts = parse(record.value)
+        for entry, text in zip(entries, texts, strict=True):
+            if entry[0] in (MarkerType.START, MarkerType.KEEPALIVE):
+                last = record.offset
+            beacon = parse_beacon(entry[3], text) if entry[0] == MarkerType.PROBE else None
+            if beacon is not None and beacon[2] is not None:
+                ticks.append((beacon[0], beacon[2][0]))
+    return {clock for clock, acked in ticks if acked > last} if last >= 0 else set()
+
+
+def test_a_replica_that_held_nothing_runs_replayed_leases_from_its_own_beacons(
+    broker: Broker,
+    topics: Topics,
+    service: kmq.Service,
+    tracker_config: TrackerConfig,
+    children: Children,
+) -> None:
+    """Three trackers on two markers partitions: the third holds none, so it reads no
+    other replica's beacons, and knows no other clock. It writes beacons to both partitions
+    all the same. A worker holding six messages on 10 s leases dies, then the owner of the
+    partition holding most of them; the group gives that partition to the third (adoption
+    off). Its own beacons in the replay bound when the dead worker's markers were on the
+    broker, on its own clock: it redelivers them a lease after those markers, never before,
+    rather than a lease after its replay."""
+    lease_s = 10.0
+    config = dataclasses.replace(tracker_config, tick_interval_s=0.2, adopt_after_s=0)
+    sent, t1, worker, p1 = six_jobs_half_held(broker, topics, service, config, children, 0,
+                                              lease_s=lease_s)  # fmt: skip
+    p2, p3 = free_port(), free_port()
+    t2 = children.python("tracker-2", *tracker_argv(config, p2))
+    wait_until(lambda: ready(p1) and ready(p2) and len(owned(p1)) == len(owned(p2)) == 1, 60,
+               "the first two trackers to own a markers partition each")  # fmt: skip
+    children.python("tracker-3", *tracker_argv(config, p3))
+    wait_until(lambda: ready(p3), 30, "tracker-3 to join")
+    assert owned(p3) == set(), "a third replica on two partitions holds nothing"
+    held_on = Counter(
+        record.partition
+        for record in read_records(broker.bootstrap_servers, topics.markers)
+        for m in decode_all(record.value)
+        if m.type is MarkerType.START
+    )
+    dead_partition = max(held_on, key=held_on.__getitem__)
+    dead = t1 if dead_partition in owned(p1) else t2
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.proc.wait()
+    # Every replica beacons to every partition: once three clocks' beacons tick past the
+    # dead worker's last marker there, one of them is tracker-3's.
+    wait_until(lambda: len(beacon_clocks_covering(broker, topics, dead_partition)) >= 3, 10,
+               "a beacon of each replica after the worker's last marker")  # fmt: skip
+    os.kill(dead.pid, signal.SIGKILL)
+    dead.proc.wait()
+    wait_until(lambda: owned(p3) == {dead_partition}, 30, "tracker-3 to take the partition")
+    taken = time.monotonic()
+    wait_until(lambda: redeliveries(p3) >= held_on[dead_partition], 2 * lease_s,
+               "tracker-3's redeliveries")  # fmt: skip
+    # Started afresh, the leases would end a whole lease after the take-over; bound by its
+    # own beacons, they end a lease after the worker's last markers, written before the
+    # tracker's kill and a session timeout before the take-over.
+    assert time.monotonic() - taken < lease_s - 3
+    assert event_count(p3, "lease_taken_over") >= held_on[dead_partition]
+    late_ms = late_redeliveries_ms(broker, topics, {dead_partition}, lease_s)
+    assert len(late_ms) == held_on[dead_partition], late_ms
+    assert all(late >= 0 for late in late_ms), late_ms  # never early
+    with service.queue("jobs").consumer() as consumer:
+        got = receive_all(consumer, 6, 30)
+        assert {m.id for m in got} == sent and {m.attempt for m in got} == {2}
+        for msg in got:
+            msg.ack()
 
 
 def test_a_tracker_frozen_past_its_session_does_not_redeliver_on_waking(
