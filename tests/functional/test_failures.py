@@ -147,6 +147,16 @@ def six_jobs_half_held(
     return sent, tracker, worker, port
 
 
+def ack_copies(service: kmq.Service, sent: set[str]) -> None:
+    """Receive every one of ``sent`` from queue "jobs", each as the tracker's copy (attempt
+    2), and ack them."""
+    with service.queue("jobs").consumer() as consumer:
+        got = receive_all(consumer, len(sent), 30)
+        assert {m.id for m in got} == sent and {m.attempt for m in got} == {2}
+        for msg in got:
+            msg.ack()
+
+
 def test_tracker_restart_loses_nothing_and_redelivers_once(
     broker: Broker,
     topics: Topics,
@@ -279,11 +289,7 @@ def test_a_successor_runs_the_leases_it_replays_from_the_ticks_not_afresh(
     assert len(redelivered) == 6
     for m, at in redelivered:  # never before the lease ran out
         assert at >= last[(m.lane, m.partition, m.offset)] + lease_s * 1000
-    with service.queue("jobs").consumer() as consumer:
-        got = receive_all(consumer, 6, 30)
-        assert {m.id for m in got} == sent and {m.attempt for m in got} == {2}
-        for msg in got:
-            msg.ack()
+    ack_copies(service, sent)
 
 
 def owned(port: int) -> set[int]:
@@ -477,11 +483,7 @@ def test_a_replica_that_held_nothing_runs_replayed_leases_from_its_own_beacons(
     # Bound by its own beacons (one a second): about a second (0.9 to 1.2 s here). By the
     # dead trackers' ticks alone: at least the 6 s session timeout (9.3 to 9.7 s here).
     assert max(late_ms) < 4000, late_ms
-    with service.queue("jobs").consumer() as consumer:
-        got = receive_all(consumer, 6, 30)
-        assert {m.id for m in got} == sent and {m.attempt for m in got} == {2}
-        for msg in got:
-            msg.ack()
+    ack_copies(service, sent)
 
 
 def test_a_tracker_frozen_past_its_session_does_not_redeliver_on_waking(
