@@ -440,16 +440,17 @@ def test_a_replica_that_held_nothing_runs_replayed_leases_from_its_own_beacons(
     tracker_config: TrackerConfig,
     children: Children,
 ) -> None:
-    """Three trackers on two markers partitions: the third holds none, so it reads no other
+    """Three trackers on two markers partitions: one holds none, so it reads no other
     replica's beacons and knows no other clock. It writes beacons to both partitions all
-    the same. A worker holding six messages on 20 s leases (kept alive every 6.7 s) dies,
-    then both other trackers; the group gives both partitions to the third (adoption off) a
-    session timeout (6 s) later, before any of those leases runs out. Only its own beacons
-    in the replay bound, on a clock it knows, when the dead worker's markers were on the
-    broker: it redelivers them a lease after those markers, never before. The dead
-    trackers' ticks alone, their clocks known only from the replay, bound them no closer
-    than how long the partitions had no owner (the session timeout, and more)."""
-    lease_s = 20.0
+    the same. A worker holding six messages on 30 s leases (kept alive every 10 s) dies,
+    then both other trackers; the group gives both partitions to the idle one (adoption
+    off) a session timeout (6 s) and a join later, well before any of those leases runs
+    out. Only its own beacons in the replay bound, on a clock it knows, when the dead
+    worker's markers were on the broker: it redelivers them a lease after those markers,
+    never before. The dead trackers' ticks alone, their clocks known only from the replay,
+    bound them no closer than how long the partitions had no owner (the session timeout,
+    and more)."""
+    lease_s = 30.0
     config = dataclasses.replace(
         tracker_config,
         tick_interval_s=0.2,
@@ -458,30 +459,39 @@ def test_a_replica_that_held_nothing_runs_replayed_leases_from_its_own_beacons(
     )
     sent, t1, worker, p1 = six_jobs_half_held(broker, topics, service, config, children, 0,
                                               lease_s=lease_s)  # fmt: skip
-    p2, p3 = free_port(), free_port()
-    t2 = children.python("tracker-2", *tracker_argv(config, p2))
-    wait_until(lambda: ready(p1) and ready(p2) and len(owned(p1)) == len(owned(p2)) == 1, 60,
-               "the first two trackers to own a markers partition each")  # fmt: skip
-    children.python("tracker-3", *tracker_argv(config, p3))
-    wait_until(lambda: ready(p3), 30, "tracker-3 to join")
-    assert owned(p3) == set(), "a third replica on two partitions holds nothing"
+    ports: dict[Child, int] = {t1: p1}
+    for name in ("tracker-2", "tracker-3"):
+        port = free_port()
+        ports[children.python(name, *tracker_argv(config, port))] = port
+
+    def settled() -> dict[Child, set[int]] | None:
+        """Who owns what, once all three are settled members and two own one each."""
+        if not all(ready(port) for port in ports.values()):
+            return None
+        owns = {tracker: owned(port) for tracker, port in ports.items()}
+        return owns if sorted(map(len, owns.values())) == [0, 1, 1] else None
+
+    owns = wait_until(settled, 60, "two trackers to own a markers partition each, one none")
+    idle = next(tracker for tracker, partitions in owns.items() if not partitions)
+    port = ports[idle]
     os.kill(worker.pid, signal.SIGKILL)
     worker.proc.wait()
     # Every replica beacons to every partition: once three clocks' beacons tick past the
-    # dead worker's last marker in each, one of them is tracker-3's.
+    # dead worker's last marker in each, one of them is the idle replica's.
     wait_until(lambda: all(len(beacon_clocks_covering(broker, topics, p)) >= 3 for p in (0, 1)),
                10, "a beacon of each replica after the worker's last marker")  # fmt: skip
-    for dead in (t1, t2):
+    others = [tracker for tracker in ports if tracker is not idle]
+    for dead in others:
         os.kill(dead.pid, signal.SIGKILL)
-    for dead in (t1, t2):
+    for dead in others:
         dead.proc.wait()
-    wait_until(lambda: owned(p3) == {0, 1}, 30, "tracker-3 to take both partitions")
-    wait_until(lambda: redeliveries(p3) >= 6, 2 * lease_s, "tracker-3's redeliveries")
-    assert event_count(p3, "lease_taken_over") >= 6
+    wait_until(lambda: owned(port) == {0, 1}, 30, "the idle replica to take both partitions")
+    wait_until(lambda: redeliveries(port) >= 6, 2 * lease_s, "the idle replica's redeliveries")
+    assert event_count(port, "lease_taken_over") >= 6
     late_ms = late_redeliveries_ms(broker, topics, {0, 1}, lease_s)
     assert len(late_ms) == 6 and all(late >= 0 for late in late_ms), late_ms  # never early
-    # Bound by its own beacons (one a second): about a second (0.9 to 1.2 s here). By the
-    # dead trackers' ticks alone: at least the 6 s session timeout (9.3 to 9.7 s here).
+    # Bound by its own beacons (one a second): about a second (1.0 to 1.2 s here). By the
+    # dead trackers' ticks alone: at least the 6 s session timeout (9.9 s here).
     assert max(late_ms) < 4000, late_ms
     ack_copies(service, sent)
 
