@@ -1,4 +1,4 @@
-"""``python -m bench.requests [--count N]``: where the broker's CPU goes. Section 1's
+"""``python -m bench.requests [--count N] [--reps R]``: where the broker's CPU goes. Section 1's
 single-queue run, raw and kmq, with every client connection through a proxy that counts
 the Kafka requests by client and API (and, for produce requests, by the topic they write:
 the queue topic or the markers); then what one request of each kind costs the embedded
