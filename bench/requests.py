@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import socket
 import struct
 import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
-from bench.common import Context
+from bench.common import Context, cpu_s
 from bench.pipeline import Run, run_pipeline
 
 _API = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "OffsetCommit",
@@ -53,33 +53,24 @@ class CountingProxy:
             upstream = socket.create_connection(("127.0.0.1", self._upstream))
             for s in (client, upstream):
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=self._requests, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
+            requests = (client, upstream, self._framer())
+            threading.Thread(target=_pump, args=requests, daemon=True).start()
+            threading.Thread(target=_pump, args=(upstream, client), daemon=True).start()
 
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(262_144):
-                dst.sendall(data)
-        except OSError:
-            pass
-        _close(src, dst)
+    def _framer(self) -> Callable[[bytes], None]:
+        """A counter of the requests in one connection's client-to-broker bytes."""
+        buf = bytearray()
 
-    def _requests(self, src: socket.socket, dst: socket.socket) -> None:
-        buf = b""
-        try:
-            while data := src.recv(262_144):
-                dst.sendall(data)
-                buf += data
-                while len(buf) >= 4:
-                    (size,) = struct.unpack(">i", buf[:4])
-                    if len(buf) < 4 + size:
-                        break
-                    self._count(buf[4 : 4 + size])
-                    buf = buf[4 + size :]
-        except OSError:
-            pass
-        _close(src, dst)
+        def seen(data: bytes) -> None:
+            buf.extend(data)
+            while len(buf) >= 4:
+                (size,) = struct.unpack_from(">i", buf)
+                if len(buf) < 4 + size:
+                    break
+                self._count(bytes(buf[4 : 4 + size]))
+                del buf[: 4 + size]
+
+        return seen
 
     def _count(self, frame: bytes) -> None:
         api, _version, _correlation, id_size = struct.unpack(">hhih", frame[:10])
@@ -92,16 +83,20 @@ class CountingProxy:
             self.counts[(client, _API.get(api, str(api)))] += 1
 
 
-def _close(*sockets: socket.socket) -> None:
-    for s in sockets:
+def _pump(
+    src: socket.socket, dst: socket.socket, seen: Callable[[bytes], None] | None = None
+) -> None:
+    """Forward ``src`` to ``dst`` until either end closes, showing ``seen`` every chunk."""
+    try:
+        while data := src.recv(262_144):
+            dst.sendall(data)
+            if seen is not None:
+                seen(data)
+    except OSError:
+        pass
+    for s in (src, dst):
         with contextlib.suppress(OSError):
             s.shutdown(socket.SHUT_RDWR)
-
-
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def per_request_costs(
@@ -122,20 +117,20 @@ def per_request_costs(
     for _ in range(50):
         producer.send(topic, b"w" * 100, partition=0).get()
     for size, count in ((100, 2000), (5_000, 2000), (50_000, 500)):
-        cpu0 = _cpu_s(broker_pid)
+        cpu0 = cpu_s(broker_pid)
         for i in range(count):
             producer.send(topic, b"x" * size, partition=i % 4).get()
-        spent_us = (_cpu_s(broker_pid) - cpu0) * 1e6
+        spent_us = (cpu_s(broker_pid) - cpu0) * 1e6
         out.append((f"produce of one {size:,} B record (acks=all, idempotent)", spent_us / count))
     producer.close()
     committer = KafkaConsumer(bootstrap_servers=bootstrap, client_id="bench-requests",
                               group_id=topic, enable_auto_commit=False)  # fmt: skip
     tp = TopicPartition(topic, 0)
     committer.assign([tp])
-    cpu0 = _cpu_s(broker_pid)
+    cpu0 = cpu_s(broker_pid)
     for i in range(2000):
         committer.commit({tp: OffsetAndMetadata(i, "", -1)})
-    out.append(("offset commit", (_cpu_s(broker_pid) - cpu0) * 1e6 / 2000))
+    out.append(("offset commit", (cpu_s(broker_pid) - cpu0) * 1e6 / 2000))
     committer.close()
     for wait_ms in (0, 5, 50, 500):
         reader = KafkaConsumer(bootstrap_servers=bootstrap, client_id="bench-requests",
@@ -145,11 +140,11 @@ def per_request_costs(
         reader.seek_to_end()
         reader.poll(timeout_ms=200)
         before = proxy.snapshot()[("bench-requests", "Fetch")]
-        cpu0 = _cpu_s(broker_pid)
+        cpu0 = cpu_s(broker_pid)
         until = time.monotonic() + 4.0
         while time.monotonic() < until:
             reader.poll(timeout_ms=100)
-        spent_us = (_cpu_s(broker_pid) - cpu0) * 1e6
+        spent_us = (cpu_s(broker_pid) - cpu0) * 1e6
         fetches = proxy.snapshot()[("bench-requests", "Fetch")] - before
         out.append((f"fetch with nothing to return, fetch_max_wait_ms={wait_ms} "
                     f"({fetches} in 4 s)", spent_us / max(1, fetches)))  # fmt: skip
