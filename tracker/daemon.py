@@ -73,7 +73,7 @@ def markers_wait_ms(states: Iterable[PartitionState], now: float, longest_ms: in
     wait for a probe read back, which is a marker)."""
     wait_ms = longest_ms
     for state in states:
-        deadline = state.next_deadline(after=now)
+        deadline = state.next_wake(now)
         if deadline is not None:
             wait_ms = min(wait_ms, math.ceil((deadline - now) * 1000))
     return max(wait_ms, 1)

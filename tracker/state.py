@@ -77,6 +77,19 @@ class _InFlight:
     redelivering: bool = False
 
 
+@dataclass(slots=True, eq=False)
+class _Held:
+    """A START held aside (see :attr:`PartitionState.young_s`)."""
+
+    key: int
+    offset: int
+    entry: Entry
+    text: bytes
+    read_at: float
+    deadline: float
+    """From its lease, or from a KEEPALIVE read since."""
+
+
 _by_deadline = operator.attrgetter("deadline")
 _START = int(MarkerType.START)
 _KEEPALIVE = int(MarkerType.KEEPALIVE)
@@ -89,6 +102,9 @@ READ_AT_STEP_S = 1.0
 oldest-in-flight-age gauge overstates by less than this)."""
 PROBE_RETRY_S = 1.0
 """A probe not read back within this long is sent again (it may have been lost)."""
+YOUNG_S = 0.5
+"""How long a START waits, held aside, for its END before it gets a lease of its own (see
+:attr:`PartitionState.young_s`)."""
 
 
 def floor_ms(t: float) -> int:
@@ -139,6 +155,7 @@ class PartitionState:
         partition: int,
         *,
         default_lease_s: float = 30.0,
+        young_s: float = YOUNG_S,
         probe_nonce: int | None = None,
         clocks: ClockBounds | None = None,
         owners: OwnerWatch | None = None,
@@ -178,6 +195,19 @@ class PartitionState:
         """The partition's end, as the last fetch response told it (for the lag metric)."""
         self._dead_letter_queues: dict[int, str] = {}  # only for STARTs naming one
         self._unread: dict[int, tuple[str, int]] = {}  # watched copies: queue, checks left
+        self.young_s = young_s
+        """A START read (once the replay and its take-over are done) with a lease longer
+        than this is held aside, by delivery, for this long: an END read meanwhile drops
+        both for the price of two dict operations, where a lease costs an entry in each
+        sorted structure and removing it again (most of the tracker's time when messages
+        are acked within milliseconds). A KEEPALIVE moves a held START's deadline in place.
+        Any other marker for it, a START that cannot be held, or age gives every held
+        START its lease, in the order they were read and from when each was read, so
+        nothing observable changes: deadlines, the commit offset and ``in_flight`` count
+        held STARTs as leases. 0 holds none."""
+        self._young: dict[int, _Held] = {}
+        self._young_order: deque[_Held] = deque()
+        """The held STARTs in the order read; ENDed ones stay until they reach the front."""
         self._handover: Handover | None = Handover()
         """While replaying, and for :data:`HANDOVER_WAIT_S` after: what the predecessors'
         ticks say about the leases replayed."""
@@ -240,6 +270,9 @@ class PartitionState:
             return
         if len(entries) > 1:
             self.stats["batch"] += 1
+        order = self._young_order
+        if order and now - order[0].read_at >= self.young_s:
+            self._promote(now - self.young_s)
         for entry, text in zip(entries, texts, strict=True):
             if entry[0] == _PROBE:
                 self._on_probe(entry, text, now, replayed)
@@ -262,9 +295,33 @@ class PartitionState:
         kind = entry[0]
         self.stats[_STAT[kind]] += 1
         delivery = delivery_key(entry[1], entry[2], entry[3])
+        young = self._young
         if kind == _START:
+            lease_s = entry[5] / 1000
+            if (
+                self._handover is None
+                and self.young_s < lease_s <= MAX_REDELIVERY_TIMEOUT_S
+                and entry[4] >= 1
+                and delivery not in self._inflight
+                and delivery not in young
+            ):
+                held = young[delivery] = _Held(delivery, offset, entry, text, now, now + lease_s)
+                self._young_order.append(held)
+                return
+            if young:
+                self._promote()
             self._on_start(offset, entry, text, delivery, now)
             return
+        if young and delivery in young:
+            if kind in _SETTLED:
+                del young[delivery]
+                return
+            if kind == _KEEPALIVE:
+                lease_s = entry[5] / 1000
+                if self.young_s < lease_s <= MAX_REDELIVERY_TIMEOUT_S:  # still due after
+                    young[delivery].deadline = now + lease_s  # it would get its lease
+                    return
+            self._promote()
         inflight = self._inflight.get(delivery)
         if inflight is None:
             # Normal after a restart (the START lies before the commit point), after our own
@@ -325,7 +382,13 @@ class PartitionState:
         outcome = "dead_letters" if dead_lettered else "redeliveries"
         self.stats[outcome] += 1
         self.stats[f"{outcome}:{inflight.cause}"] += 1
-        if copy is None or unread_s <= 0 or dead_lettered or copy in self._inflight:
+        if (
+            copy is None
+            or unread_s <= 0
+            or dead_lettered
+            or copy in self._inflight
+            or copy in self._young
+        ):
             return
         watch = self._inflight[copy] = _InFlight(
             copy, now + unread_s, _NO_START, inflight.max_attempts, attempt_step=0,
@@ -372,6 +435,8 @@ class PartitionState:
         :attr:`horizon`); none while replaying."""
         if self.replaying:
             return []
+        if self._young_order:
+            self._promote(now - self.young_s)
         out: list[Due] = []
         deadlines = self._deadlines
         cutoff = min(now, self.horizon)
@@ -400,7 +465,11 @@ class PartitionState:
     def probe_needed(self, now: float) -> bool:
         """Whether a deadline has passed by the clock but not yet by the log, and no probe
         is on its way: then write :meth:`probe` and redeliver once it is read back."""
-        if self.probe_nonce is None or self.replaying or not self._deadlines:
+        if self.probe_nonce is None or self.replaying:
+            return False
+        if self._young_order:
+            self._promote(now - self.young_s)
+        if not self._deadlines:
             return False
         first = float(self._deadlines[0].deadline)
         if first > now or first <= self.horizon:
@@ -435,7 +504,9 @@ class PartitionState:
     def tick_needed(self, now: float, interval_s: float) -> bool:
         """Whether this owner should write a tick: it has deliveries in flight and wrote no
         tick for ``interval_s``. None while replaying."""
-        if interval_s <= 0 or self.probe_nonce is None or self.replaying or not self._inflight:
+        if interval_s <= 0 or self.probe_nonce is None or self.replaying:
+            return False
+        if not self._inflight and not self._young:
             return False
         sent = self._tick_sent_at
         return sent is None or now - sent >= interval_s
@@ -500,11 +571,36 @@ class PartitionState:
     def deadline_of(self, key: int) -> float | None:
         """When ``key`` comes due (by the clock); ``None`` if it is not in flight."""
         inflight = self._inflight.get(key)
-        return None if inflight is None else float(inflight.deadline)
+        if inflight is None:
+            held = self._young.get(key)
+            return None if held is None else held.deadline
+        return float(inflight.deadline)
 
     def next_deadline(self, after: float | None = None) -> float | None:
         """The earliest deadline (by the clock), or the earliest later than ``after``;
-        ``None`` if there is none."""
+        ``None`` if there is none. Looks at every held START: see :meth:`next_wake`."""
+        first = self._next_lease_deadline(after)
+        floor = -float("inf") if after is None else after
+        later = [h.deadline for h in self._young.values() if h.deadline > floor]
+        if first is not None:
+            later.append(first)
+        return min(later) if later else None
+
+    def next_wake(self, now: float) -> float | None:
+        """When the adapter's loop must look again, at the latest: the earliest deadline
+        later than ``now``, or sooner, when the oldest held START gets its lease (none can
+        come due before that). ``None`` if there is neither. Gives the held STARTs read
+        ``young_s`` or more before ``now`` their leases first."""
+        if self._young_order:
+            self._promote(now - self.young_s)
+        first = self._next_lease_deadline(now)
+        held = self._first_held()
+        if held is None:
+            return first
+        bound = held.read_at + self.young_s  # later than now: older ones got their lease above
+        return bound if first is None else min(first, bound)
+
+    def _next_lease_deadline(self, after: float | None) -> float | None:
         deadlines = self._deadlines
         i = 0 if after is None else deadlines.bisect_key_right(after)
         return float(deadlines[i].deadline) if i < len(deadlines) else None
@@ -522,12 +618,21 @@ class PartitionState:
                 pending[start] -= 1
                 continue
             return int(start)
+        self._first_held()  # lets go of ENDed ones at the front
+        young = self._young
+        for held in self._young_order:  # each read after every START with a lease
+            if young.get(held.key) is not held:
+                continue
+            if pending[held.offset] > 0:
+                pending[held.offset] -= 1
+                continue
+            return held.offset
         return self.position
 
     @property
     def in_flight(self) -> int:
         """Deliveries consumers hold (watched copies, which nobody holds yet, are not)."""
-        return len(self._inflight) - len(self._unread)
+        return len(self._inflight) + len(self._young) - len(self._unread)
 
     @property
     def watched(self) -> int:
@@ -538,14 +643,40 @@ class PartitionState:
         """When the oldest in-flight START was read (this tracker's monotonic clock), at
         most READ_AT_STEP_S early. Safe to call from another thread."""
         try:
-            return self._read_marks[0][1] if self._starts else None
+            if self._starts:
+                return self._read_marks[0][1]
+            # The front may have been ENDed, but it goes once young_s old (each round).
+            return self._young_order[0].read_at if self._young else None
         except IndexError:  # emptied meanwhile by the run loop
             return None
 
     def deliveries(self) -> list[Delivery]:
-        return [split_key(key) for key in self._inflight if key not in self._unread]
+        held = [split_key(key) for key in self._young]
+        return [split_key(key) for key in self._inflight if key not in self._unread] + held
 
     # -- internals --------------------------------------------------------------------
+
+    def _promote(self, read_by: float = float("inf")) -> None:
+        """Give every held START read at or before ``read_by`` its lease, oldest first."""
+        order, young = self._young_order, self._young
+        while order and order[0].read_at <= read_by:
+            held = order.popleft()
+            key = held.key
+            if young.get(key) is held:
+                del young[key]
+                self._on_start(held.offset, held.entry, held.text, key, held.read_at)
+                if held.deadline != held.read_at + held.entry[5] / 1000:  # a KEEPALIVE's
+                    self._reschedule(self._inflight[key], held.deadline)
+
+    def _first_held(self) -> _Held | None:
+        """The oldest START still held (those ENDed meanwhile are let go of here)."""
+        order, young = self._young_order, self._young
+        while order:
+            held = order[0]
+            if young.get(held.key) is held:
+                return held
+            order.popleft()
+        return None
 
     def _on_start(
         self, offset: int, entry: Entry, text: bytes, delivery: int, now: float

@@ -1518,3 +1518,119 @@ def test_watched_copies_never_come_due_early(
             else:
                 assert taken_at is not None and t >= taken_at + lease_ms / 1000
             state.redelivered(d.key)
+
+
+# -- STARTs held aside for their END (young_s): nothing observable may change -----------------
+
+HELD_KEYS = [(0, 0, 1), (0, 0, 2), (1, 3, 7)]
+held_markers = st.builds(
+    lambda kind, delivery, after_ms, attempt: make(
+        kind, delivery, after_ms=after_ms, attempt=attempt, reason="r"
+    ),
+    st.sampled_from([S, S, S, K, E, E, N, RL, RD, DL, RJ]),
+    st.sampled_from(HELD_KEYS),
+    st.sampled_from([0, 200, 400, 900, 1_000, 5_000, LEASE_MS, MAX_LEASE_MS + 1]),
+    st.sampled_from([0, 1, 2]),
+)
+
+
+def observed(state: PartitionState, now: float) -> tuple[object, ...]:
+    keys = [delivery_key(*d) for d in HELD_KEYS]
+    return (
+        state.commit_offset(),
+        state.in_flight,
+        sorted(state.deliveries()),
+        [state.deadline_of(k) for k in keys],
+        state.next_deadline(),
+        state.next_deadline(after=now),
+        state.tick_needed(now, 1.0),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(held_markers, min_size=1, max_size=3),
+            st.sampled_from([0.0, 0.0, 0.05, 0.3, 0.6, 2.0, 12.0]),
+            st.sampled_from(["none", "redelivered", "failed", "copy"]),
+        ),
+        max_size=40,
+    ),
+    st.sampled_from([0.5, 0.25]),
+)
+def test_holding_starts_aside_changes_nothing_observable(
+    records: list[tuple[list[Marker], float, str]], young_s: float
+) -> None:
+    """A state holding STARTs aside for their END and one giving each a lease at once
+    (``young_s=0``) read the same markers at the same times: every answer is the same."""
+
+    def fresh(held_s: float) -> PartitionState:
+        state = PartitionState(
+            PARTITION, default_lease_s=DEFAULT_LEASE_S, young_s=held_s, probe_nonce=NONCE
+        )
+        state.set_position(0)
+        state.set_end_offset(0)
+        return state
+
+    held, plain = fresh(young_s), fresh(0.0)
+    now = 0.0
+    for batch, dt, outcome in records:
+        now += dt
+        value = encode_batch(batch)
+        for state in (held, plain):
+            feed(state, value, now)
+        assert observed(held, now) == observed(plain, now)
+        assert held.probe_needed(now) == plain.probe_needed(now)
+        if held.probe_needed(now):
+            for state in (held, plain):
+                feed(state, probe_record(floor_ms(now)), now)
+        dues = held.due(now), plain.due(now)
+        assert sorted(dues[0], key=lambda d: d.key) == sorted(dues[1], key=lambda d: d.key)
+        for state, due in zip((held, plain), dues, strict=True):
+            for d in due:
+                if outcome == "failed":
+                    state.redelivery_failed(d.key, now, RETRY_S)
+                else:
+                    copy = delivery_key(*HELD_KEYS[0]) if outcome == "copy" else None
+                    state.redelivered(d.key, copy=copy, queue="q", now=now, unread_s=2.0)
+        assert observed(held, now) == observed(plain, now)
+        assert held.stats == plain.stats
+    assert held.stats["start"] == plain.stats["start"]
+
+
+def test_an_end_read_soon_after_its_start_never_makes_a_lease() -> None:
+    state = caught_up()
+    start = feed(state, marker(S), 0.0)
+    assert state.in_flight == 1 and state.deadline_of(KEY) == LEASE_S
+    assert state.commit_offset() == start
+    feed(state, marker(E), 0.1)
+    assert state.in_flight == 0 and state._deadlines == []  # no lease was made
+    assert state.commit_offset() == state.position
+
+
+def test_a_held_start_gets_its_lease_from_when_it_was_read() -> None:
+    state = caught_up()
+    feed(state, marker(S), 1.0)
+    feed(state, marker(S, (0, 0, 99)), 1.0 + state.young_s)  # its age lets the first go
+    assert [d.delivery for d in state.due(1.0 + LEASE_S)] == [DELIVERY]
+
+
+def test_a_keepalive_read_while_its_start_is_held_moves_its_deadline() -> None:
+    state = caught_up()
+    feed(state, marker(S), 0.0)
+    feed(state, marker(K, after_ms=2 * LEASE_MS), 0.25)  # held still: moved in place
+    assert state.deadline_of(KEY) == 0.25 + 2 * LEASE_S
+    feed(state, marker(S, (0, 0, 99)), 1.0)  # the first START's age gives it its lease
+    assert state.deadline_of(KEY) == 0.25 + 2 * LEASE_S
+    assert [d.delivery for d in state.due(LEASE_S + 0.5)] == []
+    due = state.due(0.25 + 2 * LEASE_S)
+    assert [d.delivery for d in due] == [(0, 0, 99), DELIVERY]
+
+
+def test_the_loop_wakes_when_the_oldest_held_start_gets_its_lease() -> None:
+    state = caught_up()
+    feed(state, marker(S), 1.0)
+    assert state.next_wake(1.0) == 1.0 + state.young_s
+    assert state.next_deadline(after=1.0) == 1.0 + LEASE_S
+    assert state.next_wake(1.0 + state.young_s) == 1.0 + LEASE_S
