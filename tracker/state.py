@@ -300,7 +300,7 @@ class PartitionState:
             lease_s = entry[5] / 1000
             if (
                 self._handover is None
-                and self.young_s < lease_s <= MAX_REDELIVERY_TIMEOUT_S
+                and 0 < self.young_s < lease_s <= MAX_REDELIVERY_TIMEOUT_S
                 and entry[4] >= 1
                 and delivery not in self._inflight
                 and delivery not in young

@@ -1596,41 +1596,53 @@ def test_holding_starts_aside_changes_nothing_observable(
                     state.redelivered(d.key, copy=copy, queue="q", now=now, unread_s=2.0)
         assert observed(held, now) == observed(plain, now)
         assert held.stats == plain.stats
-    assert held.stats["start"] == plain.stats["start"]
+
+
+def holding() -> PartitionState:
+    """A caught-up state past its take-over window (nothing is held during one)."""
+    state = caught_up()
+    feed(state, probe_record(0, OTHER_NONCE), 0.5)
+    return state
 
 
 def test_an_end_read_soon_after_its_start_never_makes_a_lease() -> None:
-    state = caught_up()
-    start = feed(state, marker(S), 0.0)
-    assert state.in_flight == 1 and state.deadline_of(KEY) == LEASE_S
+    state = holding()
+    start = feed(state, marker(S), 1.0)
+    assert state._deadlines == []  # held: no lease yet
+    assert state.in_flight == 1 and state.deadline_of(KEY) == 1.0 + LEASE_S
     assert state.commit_offset() == start
-    feed(state, marker(E), 0.1)
-    assert state.in_flight == 0 and state._deadlines == []  # no lease was made
+    feed(state, marker(E), 1.1)
+    assert state.in_flight == 0 and state._deadlines == [] and state.stats["end"] == 1
     assert state.commit_offset() == state.position
 
 
 def test_a_held_start_gets_its_lease_from_when_it_was_read() -> None:
-    state = caught_up()
+    state = holding()
     feed(state, marker(S), 1.0)
     feed(state, marker(S, (0, 0, 99)), 1.0 + state.young_s)  # its age lets the first go
+    assert [d.key for d in state._deadlines] == [KEY]  # the second is held
+    assert state.due(1.0 + LEASE_S - 0.001) == []
     assert [d.delivery for d in state.due(1.0 + LEASE_S)] == [DELIVERY]
 
 
 def test_a_keepalive_read_while_its_start_is_held_moves_its_deadline() -> None:
-    state = caught_up()
-    feed(state, marker(S), 0.0)
-    feed(state, marker(K, after_ms=2 * LEASE_MS), 0.25)  # held still: moved in place
-    assert state.deadline_of(KEY) == 0.25 + 2 * LEASE_S
-    feed(state, marker(S, (0, 0, 99)), 1.0)  # the first START's age gives it its lease
-    assert state.deadline_of(KEY) == 0.25 + 2 * LEASE_S
-    assert [d.delivery for d in state.due(LEASE_S + 0.5)] == []
-    due = state.due(0.25 + 2 * LEASE_S)
+    state = holding()
+    feed(state, marker(S), 1.0)
+    feed(state, marker(K, after_ms=2 * LEASE_MS), 1.25)
+    assert state._deadlines == []  # still held: moved in place
+    assert state.deadline_of(KEY) == 1.25 + 2 * LEASE_S
+    feed(state, marker(S, (0, 0, 99)), 2.0)  # the first START's age gives it its lease
+    assert [d.key for d in state._deadlines] == [KEY]
+    assert state.deadline_of(KEY) == 1.25 + 2 * LEASE_S
+    assert [d.delivery for d in state.due(1.0 + LEASE_S)] == []
+    due = state.due(1.25 + 2 * LEASE_S)
     assert [d.delivery for d in due] == [(0, 0, 99), DELIVERY]
 
 
 def test_the_loop_wakes_when_the_oldest_held_start_gets_its_lease() -> None:
-    state = caught_up()
+    state = holding()
     feed(state, marker(S), 1.0)
     assert state.next_wake(1.0) == 1.0 + state.young_s
     assert state.next_deadline(after=1.0) == 1.0 + LEASE_S
     assert state.next_wake(1.0 + state.young_s) == 1.0 + LEASE_S
+    assert [d.key for d in state._deadlines] == [KEY]
