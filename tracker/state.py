@@ -270,9 +270,7 @@ class PartitionState:
             return
         if len(entries) > 1:
             self.stats["batch"] += 1
-        order = self._young_order
-        if order and now - order[0].read_at >= self.young_s:
-            self._promote(now - self.young_s)
+        self._promote_aged(now)
         for entry, text in zip(entries, texts, strict=True):
             if entry[0] == _PROBE:
                 self._on_probe(entry, text, now, replayed)
@@ -300,7 +298,7 @@ class PartitionState:
             lease_s = entry[5] / 1000
             if (
                 self._handover is None
-                and 0 < self.young_s < lease_s <= MAX_REDELIVERY_TIMEOUT_S
+                and self._holds(lease_s)
                 and entry[4] >= 1
                 and delivery not in self._inflight
                 and delivery not in young
@@ -318,8 +316,8 @@ class PartitionState:
                 return
             if kind == _KEEPALIVE:
                 lease_s = entry[5] / 1000
-                if self.young_s < lease_s <= MAX_REDELIVERY_TIMEOUT_S:  # still due after
-                    young[delivery].deadline = now + lease_s  # it would get its lease
+                if self._holds(lease_s):  # still due only after it would get its lease
+                    young[delivery].deadline = now + lease_s
                     return
             self._promote()
         inflight = self._inflight.get(delivery)
@@ -435,8 +433,7 @@ class PartitionState:
         :attr:`horizon`); none while replaying."""
         if self.replaying:
             return []
-        if self._young_order:
-            self._promote(now - self.young_s)
+        self._promote_aged(now)
         out: list[Due] = []
         deadlines = self._deadlines
         cutoff = min(now, self.horizon)
@@ -467,8 +464,7 @@ class PartitionState:
         is on its way: then write :meth:`probe` and redeliver once it is read back."""
         if self.probe_nonce is None or self.replaying:
             return False
-        if self._young_order:
-            self._promote(now - self.young_s)
+        self._promote_aged(now)
         if not self._deadlines:
             return False
         first = float(self._deadlines[0].deadline)
@@ -591,8 +587,7 @@ class PartitionState:
         later than ``now``, or sooner, when the oldest held START gets its lease (none can
         come due before that). ``None`` if there is neither. Gives the held STARTs read
         ``young_s`` or more before ``now`` their leases first."""
-        if self._young_order:
-            self._promote(now - self.young_s)
+        self._promote_aged(now)
         first = self._next_lease_deadline(now)
         held = self._first_held()
         if held is None:
@@ -655,6 +650,16 @@ class PartitionState:
         return [split_key(key) for key in self._inflight if key not in self._unread] + held
 
     # -- internals --------------------------------------------------------------------
+
+    def _holds(self, lease_s: float) -> bool:
+        """Whether a START (or KEEPALIVE) with this lease may be held: one that would not
+        be due before it gets its lease by age, and is not bad (see :meth:`_lease_s`)."""
+        return 0 < self.young_s < lease_s <= MAX_REDELIVERY_TIMEOUT_S
+
+    def _promote_aged(self, now: float) -> None:
+        """Give the held STARTs read ``young_s`` or more before ``now`` their leases."""
+        if self._young_order:
+            self._promote(now - self.young_s)
 
     def _promote(self, read_by: float = float("inf")) -> None:
         """Give every held START read at or before ``read_by`` its lease, oldest first."""

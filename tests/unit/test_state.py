@@ -29,7 +29,7 @@ from kmq.markers import (
 )
 from kmq.markers_v1 import encode_batch_v1, encode_v1
 from kmq.records import delivery_key, fits_key
-from tracker.state import PROBE_RETRY_S, Delivery, Due, PartitionState, floor_ms
+from tracker.state import PROBE_RETRY_S, YOUNG_S, Delivery, Due, PartitionState, floor_ms
 
 PARTITION = 2
 DEFAULT_LEASE_S = 30.0
@@ -1027,9 +1027,11 @@ P = MarkerType.PROBE
 MINUS_INF = float("-inf")
 
 
-def probing(position: int = 0) -> PartitionState:
+def probing(position: int = 0, *, young_s: float = YOUNG_S) -> PartitionState:
     """A caught-up state that writes probes (as the daemon's are)."""
-    state = PartitionState(PARTITION, default_lease_s=DEFAULT_LEASE_S, probe_nonce=NONCE)
+    state = PartitionState(
+        PARTITION, default_lease_s=DEFAULT_LEASE_S, young_s=young_s, probe_nonce=NONCE
+    )
     state.set_position(position)
     state.set_end_offset(position)
     return state
@@ -1564,16 +1566,7 @@ def test_holding_starts_aside_changes_nothing_observable(
 ) -> None:
     """A state holding STARTs aside for their END and one giving each a lease at once
     (``young_s=0``) read the same markers at the same times: every answer is the same."""
-
-    def fresh(held_s: float) -> PartitionState:
-        state = PartitionState(
-            PARTITION, default_lease_s=DEFAULT_LEASE_S, young_s=held_s, probe_nonce=NONCE
-        )
-        state.set_position(0)
-        state.set_end_offset(0)
-        return state
-
-    held, plain = fresh(young_s), fresh(0.0)
+    held, plain = probing(young_s=young_s), probing(young_s=0.0)
     now = 0.0
     for batch, dt, outcome in records:
         now += dt
