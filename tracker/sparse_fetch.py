@@ -62,6 +62,12 @@ class _Wanted:
             self._sorted = sorted(self._frozen)
         return self._frozen
 
+    def last(self) -> int | None:
+        """The highest offset wanted now (``None``: every one, or none)."""
+        if self.now() is None or not self._sorted:
+            return None
+        return self._sorted[-1]
+
     def any_between(self, first: int, last: int) -> bool:
         """Whether an offset from ``first`` to ``last`` is wanted now (or every one is)."""
         if self.now() is None:

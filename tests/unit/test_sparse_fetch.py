@@ -3,6 +3,7 @@ own: real record batches, unpacked by kafka-python's fetcher class with and with
 
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 from typing import Any
 
@@ -84,6 +85,25 @@ def test_nothing_wanted_in_a_fetch_still_moves_the_position() -> None:
     assert unpack(sparse_class({TP: frozenset({50})}), data) == ([], 8)
 
 
+def test_the_batches_past_the_last_wanted_offset_are_left_unread() -> None:
+    bad = bytearray(batch(8, records(4)))
+    bad[-1] ^= 0xFF  # a CRC error, raised if this batch were read
+    data = batch(0, records(4)) + batch(4, records(4)) + bytes(bad)
+    assert [r[2] for r in unpack(sparse_class({TP: frozenset({1, 5})}), data)[0]] == [1, 5]
+    assert unpack(sparse_class({TP: frozenset({1, 5})}), data)[1] == 8, "position: the cut"
+    with pytest.raises(CorruptRecordError):
+        unpack(Fetcher.PartitionRecords, data)
+    with pytest.raises(CorruptRecordError):  # wanted past the bad batch: it is read
+        unpack(sparse_class({TP: frozenset({1, 20})}), data)
+
+
+def test_a_cut_never_moves_the_position_back_before_the_fetch_offset() -> None:
+    data = batch(0, records(4)) + batch(4, records(4)) + batch(8, records(4))
+    # Wanted offsets all behind the fetch offset (a stale scan's): read on to a batch
+    # past the fetch offset, not back to the first batch past the wanted ones.
+    assert unpack(sparse_class({TP: frozenset({1})}), data, fetch_offset=6) == ([], 8)
+
+
 def test_aborted_transactions_and_control_batches_are_kafka_pythons() -> None:
     data, kw = transactions()
     wanted = frozenset({2, 5, 7, 10, 12})
@@ -150,4 +170,9 @@ def test_sparse_is_kafka_python_filtered(
     full, full_next = unpack(Fetcher.PartitionRecords, data, fetch_offset)
     sparse, sparse_next = unpack(sparse_class({TP: wanted}), data, fetch_offset)
     assert sparse == [r for r in full if r[2] in wanted]
-    assert sparse_next == full_next == count
+    assert full_next == count
+    # The fetch is read up to the first batch past every wanted offset (and past the fetch
+    # offset), and the position stops there.
+    bases = list(itertools.accumulate((len(recs) for recs, _ in batches), initial=0))[:-1]
+    cut = [b for b in bases if wanted and b > max(max(wanted), fetch_offset)]
+    assert sparse_next == (cut[0] if cut else count)
