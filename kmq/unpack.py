@@ -64,10 +64,11 @@ class Records(Fetcher.PartitionRecords):  # type: ignore[misc]
         last_batch = None
         while batch is not None:
             if wanted is not None and batch.magic == 2 and self._past_wanted(wanted, batch):
-                # Nothing further is wanted: leave the rest of the fetch unread. One fetch
-                # brings up to a megabyte per partition, and with a record per batch (a
-                # slow producer) stepping over the batches past the last wanted offset cost
-                # the tracker's re-read ten times its reading of the wanted ones.
+                # Nothing further is wanted: leave the rest of the fetch unread. A fetch
+                # brings up to its byte limit per partition (the embedded broker gives the
+                # first partition with data 5 MB by default), and with a record per batch (a
+                # slow producer) stepping over the batches past the last wanted offset took
+                # 90% of the tracker's re-read in a profile.
                 self.next_fetch_offset = batch.base_offset
                 self.drain()
                 return

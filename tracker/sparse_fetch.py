@@ -5,8 +5,9 @@ the same fetched batches: with one record in ten due, kafka-python parsed ten re
 6.4 µs each on the bench machine) and built ten ConsumerRecords for every copy, and the
 re-read took half of the tracker's time in the benchmark's 10 %-dropped run. :func:`install`
 gives a consumer's fetcher :class:`kmq.unpack.Records` told which offsets are wanted: a batch
-holding none of them is not read at all, and within a batch the records not wanted are
-stepped over by their length (:mod:`kmq.record_v2`).
+holding none of them is not read at all, within a batch the records not wanted are stepped
+over by their length (:mod:`kmq.record_v2`), and the batches past the last offset wanted are
+left unread (the position stops at the first of them).
 
 Everything around the records stays kafka-python's: aborted-transaction filtering, control
 batches, CRC checks of whole batches, positions (a batch read to its end moves the position
