@@ -37,23 +37,6 @@ SCAN_GAP = 5000
 """Offsets further apart than this are fetched by separate seeks, not one scan."""
 _MAX_PAST_END = 100_000
 
-FETCH_WAIT_MS = 500
-"""The re-read consumer's ``fetch_max_wait_ms``. A re-read fetches records that exist, so on
-Kafka it never waits. The embedded broker bounds a fetch's work by it: it lists a partition's
-stored batches from the first, and answers with nothing if the list has not reached the fetch
-offset in time; the client then fetches again at once. Measured on a partition of 120,000
-one-record batches with four busy processes beside the broker, fetching 500 offsets from its
-end: every fetch came back empty at 10 and 25 ms (the broker busy listing the whole time), 2
-in 10 at 50 ms (the old setting), none at 100. The cost: a scan that reaches a partition's
-end before its offset (a START naming a record that never existed) leaves a fetch waiting up
-to this long there, and the next scan's first fetch goes out after it."""
-FETCH_MAX_BYTES = 256 * 1024
-"""The re-read consumer's fetch size (total and per partition): a scan wants records near the
-offset it seeks to, and with the longer wait the bytes bound what the embedded broker reads
-for a fetch (it gives a fetch's first partition with data the whole budget). Kafka answers
-with a first batch larger than this whole, and so does the embedded broker (a 300 KB record
-was re-read with 64 KB limits)."""
-
 
 class _Reader(Protocol):
     def assign(self, partitions: list[TopicPartition]) -> None: ...
