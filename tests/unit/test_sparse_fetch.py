@@ -89,8 +89,9 @@ def test_the_batches_past_the_last_wanted_offset_are_left_unread() -> None:
     bad = bytearray(batch(8, records(4)))
     bad[-1] ^= 0xFF  # a CRC error, raised if this batch were read
     data = batch(0, records(4)) + batch(4, records(4)) + bytes(bad)
-    assert [r[2] for r in unpack(sparse_class({TP: frozenset({1, 5})}), data)[0]] == [1, 5]
-    assert unpack(sparse_class({TP: frozenset({1, 5})}), data)[1] == 8, "position: the cut"
+    got, position = unpack(sparse_class({TP: frozenset({1, 5})}), data)
+    assert [r[2] for r in got] == [1, 5]
+    assert position == 8, "the position stops at the cut"
     with pytest.raises(CorruptRecordError):
         unpack(Fetcher.PartitionRecords, data)
     with pytest.raises(CorruptRecordError):  # wanted past the bad batch: it is read
