@@ -147,6 +147,7 @@ class Tracker:
             self._partitions_of,
             live=lambda queue: self._live(queue, time.monotonic()),
             lately=lambda queue: self._live(queue, time.monotonic(), LATELY_S),
+            watch_copies=config.unread_copy_s > 0,
         )
 
     def _open(self) -> None:
@@ -1045,6 +1046,7 @@ class Tracker:
                 probe_nonce=self._nonce,
                 clocks=self._clocks,
                 owners=self._owners,
+                unread_s=self.config.unread_copy_s,
             )
             # Replay exactly from the committed offset, whatever was fetched before.
             committed = self._kc.committed(TopicPartition(self.config.marker_topic, partition))

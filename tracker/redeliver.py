@@ -36,6 +36,7 @@ TXN_TIMEOUT_S = 10.0
 
 _REDELIVERED = int(MarkerType.REDELIVERED)
 _DEAD_LETTERED = int(MarkerType.DEAD_LETTERED)
+_WATCH = int(MarkerType.WATCH)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +106,11 @@ class Redeliverer:
     (its layout); ``live(queue)`` the retry-topic partitions its consumers said they read
     lately (:class:`tracker.readers.LiveReaders`), and ``lately(queue)`` those of them said
     within a shorter time, which go first.
+
+    With ``watch_copies``, a round also writes a WATCH marker for each copy, naming where
+    the copy landed (known once the broker has acknowledged it, before the commit), so a
+    tracker that replays the partition later watches the copy too
+    (:meth:`tracker.state.PartitionState.redelivered`).
     """
 
     def __init__(
@@ -116,8 +122,10 @@ class Redeliverer:
         txn_timeout_s: float = TXN_TIMEOUT_S,
         live: Callable[[str], Collection[int]] = lambda queue: (),
         lately: Callable[[str], Collection[int]] = lambda queue: (),
+        watch_copies: bool = False,
     ) -> None:
         self._queue_topic = queue_topic
+        self._watch_copies = watch_copies and retry_topic is not None
         self._live = live
         self._lately = lately
         self._txn_timeout_s = txn_timeout_s
@@ -189,6 +197,31 @@ class Redeliverer:
             partition=copy.due.marker_partition,
         )
 
+    def send_watch(self, producer: Any, copy: Copy, placed: tuple[int, int]) -> Any:
+        """The WATCH marker of a copy that landed at ``placed`` on the retry topic."""
+        text = copy.destination.encode()[:MAX_TEXT_BYTES]
+        entry = (_WATCH, RETRY_LANE, *placed, copy.attempt, 0, copy.due.max_attempts, len(text))
+        return producer.send(
+            self._marker_topic,
+            key=copy.message_id.encode(),
+            value=encode_entries([entry], [text] if text else []),
+            partition=copy.due.marker_partition,
+        )
+
+    def _send_watches(self, txn: Any, copies: list[Copy], futures: list[Any]) -> None:
+        """Once the copies are on the broker (the transaction still open), their WATCH
+        markers. A copy that failed fails the round here (it would at the commit)."""
+        sent = [(c, f) for c, f in zip(copies, futures, strict=True) if c.dead_letter_queue is None]
+        if not self._watch_copies or not sent:
+            return
+        txn.flush(timeout=self._txn_timeout_s)
+        for copy, future in sent:
+            if getattr(future, "is_done", False) and future.failed():
+                raise future.exception
+            placed = _placed(future)
+            if placed is not None:
+                self.send_watch(txn, copy, placed)
+
     def round(
         self,
         txn: Any,
@@ -203,6 +236,7 @@ class Redeliverer:
             for copy in copies:
                 futures.append(self.send_copy(txn, copy))
                 self.send_marker(txn, copy)
+            self._send_watches(txn, copies, futures)
             if offsets:
                 txn_wait.send_offsets(txn, offsets, group_metadata, self._txn_timeout_s)
             txn_wait.commit(txn, self._txn_timeout_s)

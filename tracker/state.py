@@ -47,7 +47,8 @@ class Due:
     key: int
     """The delivery, as :func:`kmq.records.delivery_key` packs it."""
     start_offset: int
-    """Where its START lies in the markers partition."""
+    """Where its START lies in the markers partition (for a watched copy: its WATCH, or
+    -1 before that has been read)."""
     attempt_step: int
     """1 when the new copy counts as another attempt, 0 after a release."""
     reason: str
@@ -97,6 +98,7 @@ _NACK = int(MarkerType.NACK)
 _RELEASE = int(MarkerType.RELEASE)
 _REJECT = int(MarkerType.REJECT)
 _PROBE = int(MarkerType.PROBE)
+_WATCH = int(MarkerType.WATCH)
 READ_AT_STEP_S = 1.0
 """How far the reported read time of the oldest in-flight START may be early (the
 oldest-in-flight-age gauge overstates by less than this)."""
@@ -159,8 +161,12 @@ class PartitionState:
         probe_nonce: int | None = None,
         clocks: ClockBounds | None = None,
         owners: OwnerWatch | None = None,
+        unread_s: float = 0.0,
     ) -> None:
         self.partition = partition
+        self.unread_s = unread_s
+        """How long a copy a replayed WATCH marker names is watched before its first look
+        (see :meth:`redelivered`); 0: replayed WATCH markers are ignored."""
         self.clocks = clocks
         """This replica's bounds on other replicas' clocks (shared by all its partitions),
         fed by the beacons read here; its ticks name ``clocks.own``."""
@@ -195,6 +201,9 @@ class PartitionState:
         """The partition's end, as the last fetch response told it (for the lag metric)."""
         self._dead_letter_queues: dict[int, str] = {}  # only for STARTs naming one
         self._unread: dict[int, tuple[str, int]] = {}  # watched copies: queue, checks left
+        # Offsets of the WATCH markers of watched copies, read back or replayed: each holds
+        # the commit point, so a successor replays it and watches the copy in turn.
+        self._anchors: SortedList = SortedList()
         self.young_s = young_s
         """A START read (once the replay and its take-over are done) with a lease longer
         than this is held aside, by delivery, for this long: an END read meanwhile drops
@@ -281,6 +290,9 @@ class PartitionState:
             if problem is not None:
                 self._bad(offset, problem)
                 continue
+            if entry[0] == _WATCH:
+                self._on_watch(offset, entry, text, now, replayed)
+                continue
             self._apply(offset, entry, text, now)
         if self._handover is not None and not self.replaying:
             self._take_over()  # _replay_moved, inlined: this runs for every marker
@@ -355,6 +367,32 @@ class PartitionState:
             inflight.reason = text.decode("utf-8", "replace") or "rejected"
             self._reschedule(inflight, now)
 
+    def _on_watch(self, offset: int, entry: Entry, text: bytes, now: float, replayed: bool) -> None:
+        """A WATCH marker: the copy a redelivery wrote. Read back by the tracker that wrote
+        it, it anchors that copy's watch here; replayed by a successor, it starts watching
+        the copy afresh (the copy's START, if it was taken, lies after it and turns the
+        watch into a lease as usual)."""
+        self.stats["watch"] += 1
+        copy = delivery_key(entry[1], entry[2], entry[3])
+        inflight = self._inflight.get(copy)
+        if inflight is not None:
+            if copy in self._unread and inflight.start_offset == _NO_START:
+                inflight.start_offset = offset
+                self._anchors.add(offset)
+            return
+        # Read live, a WATCH of a copy not watched (taken, or no longer watched) is spent: only
+        # this owner writes to its partition once the replay is over.
+        if not replayed or self.unread_s <= 0 or copy in self._young:
+            return
+        watch = self._inflight[copy] = _InFlight(
+            copy, now + self.unread_s, offset, entry[6], attempt_step=0,
+            reason=UNREAD_REASON, cause="unread",
+        )  # fmt: skip
+        self._deadlines.add(watch)
+        self._anchors.add(offset)
+        self._unread[copy] = (text.decode("utf-8", "replace"), UNREAD_CHECKS)
+        self.stats["watch_replayed"] += 1
+
     def redelivered(
         self,
         key: int,
@@ -370,8 +408,10 @@ class PartitionState:
         With ``copy`` (the copy's delivery key) and ``unread_s`` > 0, watch the copy until
         a consumer STARTs it: one not taken within ``unread_s`` comes out of :meth:`due`
         (with its ``queue``) to be copied again, to a partition someone reads, if the
-        adapter finds that its own has no live reader. Not a lease: nothing is written for
-        it, so a restart forgets it, and it holds back no offset commit."""
+        adapter finds that its own has no live reader. Not a lease: it holds no consumer's
+        delivery. The copy's WATCH marker, written in the same transaction, carries the
+        watch over a restart or a rebalance: read back, it holds the commit point (see
+        :meth:`_on_watch`)."""
         inflight = self._inflight.get(key)
         if inflight is None:
             return
@@ -601,13 +641,27 @@ class PartitionState:
         return float(deadlines[i].deadline) if i < len(deadlines) else None
 
     def commit_offset(self, settled: Iterable[int] = ()) -> int | None:
-        """The offset a restart must replay from: the oldest in-flight START, else the end.
+        """The offset a restart must replay from: the oldest in-flight START (or WATCH of a
+        watched copy), else the end.
 
         ``settled``: START offsets, one per delivery, to count as finished already (for a
         commit that goes in the same transaction as their redelivery). Several STARTs can
         share one offset (a record holds many markers), so they are counted, not looked up.
         """
         pending = Counter(settled)
+        anchor = None  # the oldest WATCH of a watched copy (see _on_watch)
+        for watch in self._anchors:
+            if pending[watch] > 0:
+                pending[watch] -= 1
+                continue
+            anchor = int(watch)
+            break
+        oldest = self._oldest_start(pending)
+        if anchor is None:
+            return oldest
+        return anchor if oldest is None else min(anchor, oldest)
+
+    def _oldest_start(self, pending: Counter[int]) -> int | None:
         for start in self._starts:
             if pending[start] > 0:
                 pending[start] -= 1
@@ -683,9 +737,7 @@ class PartitionState:
             order.popleft()
         return None
 
-    def _on_start(
-        self, offset: int, entry: Entry, text: bytes, delivery: int, now: float
-    ) -> None:
+    def _on_start(self, offset: int, entry: Entry, text: bytes, delivery: int, now: float) -> None:
         if entry[4] < 1:
             self.stats["bad_attempt"] += 1  # the record's own attempt header decides
         lease_s = self._lease_s(entry[5])
@@ -697,6 +749,8 @@ class PartitionState:
             # (One being copied again right now stays a watch: turned into a lease, a failed
             # copy would bring it due again after a retry interval, sooner than its lease.)
             del self._unread[delivery]
+            if inflight.start_offset != _NO_START:
+                self._anchors.discard(inflight.start_offset)
             self.stats["unread_taken"] += 1
             self._starts.add(offset)
             self._note_read(offset, now)
@@ -764,6 +818,13 @@ class PartitionState:
             self._handover.forget(key)  # a replay's bookkeeping holds no settled delivery
         if not inflight.redelivering:
             self._deadlines.discard(inflight)
+        if self._dead_letter_queues:
+            self._dead_letter_queues.pop(key, None)
+        if self._unread and key in self._unread:  # a watch: its offset is its WATCH's
+            del self._unread[key]
+            if inflight.start_offset != _NO_START:
+                self._anchors.discard(inflight.start_offset)
+            return
         starts = self._starts
         starts.discard(inflight.start_offset)
         marks = self._read_marks
@@ -773,7 +834,3 @@ class PartitionState:
             oldest = starts[0]
             while len(marks) > 1 and marks[1][0] <= oldest:
                 marks.popleft()
-        if self._dead_letter_queues:
-            self._dead_letter_queues.pop(key, None)
-        if self._unread:
-            self._unread.pop(key, None)

@@ -140,7 +140,7 @@ def compact_markers(markers: DataFrame) -> DataFrame:
     m = markers.where(
         F.col("error").isNull()
         & F.col("type_id").isNotNull()
-        & (F.col("type_id") != int(MarkerType.PROBE))
+        & ~F.col("type_id").isin(int(MarkerType.PROBE), int(MarkerType.WATCH))
     ).select(
         F.coalesce("lane", F.lit(0)).alias("lane"),
         "partition",

@@ -26,6 +26,9 @@ from kmq.markers import MarkerType
 START, KEEPALIVE, END = MarkerType.START, MarkerType.KEEPALIVE, MarkerType.END
 NACK, RELEASE, REDELIVERED = MarkerType.NACK, MarkerType.RELEASE, MarkerType.REDELIVERED
 DEAD_LETTERED, REJECT, PROBE = MarkerType.DEAD_LETTERED, MarkerType.REJECT, MarkerType.PROBE
+NO_DELIVERY_EVENT = (int(PROBE), int(MarkerType.WATCH))
+"""Marker types that are no event of the record they name (a PROBE names none; a WATCH names
+a copy the tracker watches)."""
 
 SETTLING = (END, NACK, RELEASE, REJECT, REDELIVERED, DEAD_LETTERED)
 """Marker types that end a delivery (KEEPALIVE and unknown types do not)."""
@@ -103,9 +106,11 @@ def marker_type_counts(markers: DataFrame) -> DataFrame:
 
 def delivery_markers(markers: DataFrame) -> DataFrame:
     """One row per delivered record ``(lane, partition, offset)`` that has valid markers
-    (PROBE markers name no record)."""
+    (PROBE and WATCH markers are left out: :data:`NO_DELIVERY_EVENT`)."""
     m = markers.where(
-        F.col("error").isNull() & F.col("type_id").isNotNull() & (F.col("type_id") != int(PROBE))
+        F.col("error").isNull()
+        & F.col("type_id").isNotNull()
+        & ~F.col("type_id").isin(*NO_DELIVERY_EVENT)
     ).select(
         F.coalesce(F.col("lane"), F.lit(0)).alias("lane"),
         "partition",

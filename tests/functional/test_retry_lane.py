@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -26,6 +27,7 @@ from tests.functional.conftest import (
     worker_argv,
 )
 from tests.functional.helpers import Child, Children, wait_until
+from tracker.config import TrackerConfig
 from tracker.daemon import Tracker
 
 BACKLOG = 10_000
@@ -340,6 +342,74 @@ def test_a_copy_whose_reader_froze_is_copied_again_to_a_live_one(
         assert consumer.assignment() == mine, "it came before any rebalance"
         assert waited_s < session_ms / 1000 / 2, waited_s
         kept.ack()
+
+
+def test_a_copys_watch_survives_a_change_of_tracker(
+    broker: Broker,
+    topics: Topics,
+    make_service: Callable[..., kmq.Service],
+    tracker_config: TrackerConfig,
+    children: Children,
+) -> None:
+    """As above, but the tracker that wrote the copy stops before it looks at the copy
+    (the chaos loss of seed 440940772: its markers partition went to another tracker within
+    a second). The copy's WATCH marker carries the watch over: the successor replays it and
+    copies the message again to the live consumer, long before the group would move the
+    frozen worker's partition."""
+    session_ms = 60_000
+    service = make_service(session_timeout_ms=session_ms)
+    queue = service.queue("jobs")
+    # The first tracker would look at the copy only after 30 s: it never does here.
+    first = RunningTracker(dataclasses.replace(tracker_config, unread_copy_s=30.0))
+    second: RunningTracker | None = None
+    try:
+        assert first.tracker.wait_caught_up(30), "tracker never caught up"
+        worker = holding_worker(broker, topics, children, session_ms)
+        with queue.consumer(max_in_flight=8) as consumer:
+            wait_for_one_partition_each(service, topics, consumer, worker)
+            mine = consumer.assignment()
+            producer = queue.producer()
+            for i in range(8):
+                producer.send(f"m{i}".encode())
+            worker.wait_for('"event": "holding"', 30, count=4)
+            taken = [consumer.receive(timeout_s=15) for _ in range(4)]
+            assert all(m is not None and m.attempt == 1 for m in taken)
+            kept, nacked, *done = [m for m in taken if m is not None]
+            for m in done:
+                m.ack()
+            nacked.nack(delay_s=0, reason="elsewhere, please")
+            wait_until(
+                lambda: first.tracker.stats()["redeliveries:nacked"] == 1,
+                15,
+                "the copy to be written",
+            )
+            os.kill(worker.pid, signal.SIGSTOP)
+            frozen_at = time.monotonic()
+            first.stop()
+            assert first.tracker.stats()["redeliveries:unread"] == 0
+            second = RunningTracker(tracker_config)
+            assert second.tracker.wait_caught_up(30), "the second tracker never caught up"
+            back = None
+            while back is None and time.monotonic() - frozen_at < 30:
+                msg = consumer.receive(timeout_s=0.5)
+                if msg is None:
+                    continue
+                if msg.id == nacked.id:
+                    back = msg
+                msg.ack()  # the worker's held messages come back too, once their leases run out
+            waited_s = time.monotonic() - frozen_at
+            os.kill(worker.pid, signal.SIGKILL)
+            assert back is not None, "the copy waited for the frozen worker's group session"
+            assert back.attempt == 2, "the same attempt: the first copy was never delivered"
+            stats = second.tracker.stats()
+            assert stats["watch_replayed"] >= 1 and stats["redeliveries:unread"] >= 1, stats
+            assert consumer.assignment() == mine, "it came before any rebalance"
+            assert waited_s < session_ms / 1000 / 2, waited_s
+            kept.ack()
+    finally:
+        for running in (first, second):
+            if running is not None and running.thread.is_alive():
+                running.stop()
 
 
 def test_the_tracker_hears_which_retry_partitions_a_live_consumer_reads(

@@ -32,7 +32,7 @@ class Landed:
 @dataclass
 class StubTxnProducer:
     """A transactional producer. ``fail`` maps a method name (``init_transactions``,
-    ``begin_transaction``, ``send_offsets_to_transaction``, ``commit_transaction``,
+    ``begin_transaction``, ``flush``, ``send_offsets_to_transaction``, ``commit_transaction``,
     ``abort_transaction``, ``close``) to what it raises; ``fail_sends`` maps the index of a
     ``send`` call (0 for the first) to what that call raises."""
 
@@ -76,6 +76,9 @@ class StubTxnProducer:
         # Like RecordMetadata: where it landed, each partition's offsets counting from 0.
         offset = sum(1 for s in self.sent[:-1] if (s.topic, s.partition) == (topic, partition))
         return Future().success(Landed(topic, partition if partition is not None else 0, offset))
+
+    def flush(self, timeout: float | None = None) -> None:
+        self._call("flush")
 
     def send_offsets_to_transaction(self, offsets: dict[Any, Any], group_metadata: Any) -> None:
         self._call("send_offsets_to_transaction")

@@ -141,7 +141,7 @@ def test_encode_v1_rebuilds_the_golden_bytes() -> None:
     assert data.hex() == GOLDEN_V1_HEX
 
 
-V2_ONLY = {MarkerType.REJECT, MarkerType.PROBE}
+V2_ONLY = {MarkerType.REJECT, MarkerType.PROBE, MarkerType.WATCH}
 """Types version 1 never had (its 8 was BATCH, a container record)."""
 
 
@@ -432,7 +432,7 @@ def test_bad_records_are_refused_whole(data: bytes | None, complaint: str) -> No
 
 BAD_ENTRIES: dict[str, tuple[Entry, str]] = {
     "type-0": ((0, 0, 1, 2, 1, 0, 0, 0), "unknown marker type 0"),
-    "type-10": ((10, 0, 1, 2, 1, 0, 0, 0), "unknown marker type 10"),
+    "type-11": ((11, 0, 1, 2, 1, 0, 0, 0), "unknown marker type 11"),
     "type-255": ((255, 0, 1, 2, 1, 0, 0, 0), "unknown marker type 255"),
     "lane-2": ((3, 2, 1, 2, 1, 0, 0, 0), "unknown lane 2"),
     "lane-255": ((3, 255, 1, 2, 1, 0, 0, 0), "unknown lane 255"),
