@@ -697,7 +697,15 @@ class Tracker:
                 self._notices.unread(queue, partition)
             state = self._states.get(d.marker_partition)
             if state is not None:
-                state.keep_watching(d.key, now, self.config.unread_copy_s)
+                # A copy on a spare (outside the window) is read by the queue's group only
+                # while a member is given that spare: watch it until someone takes it or it
+                # can be copied toward a reader, however long the queue goes unread.
+                state.keep_watching(
+                    d.key,
+                    now,
+                    self.config.unread_copy_s,
+                    until_taken=partition not in retry_window,
+                )
         return out
 
     def _notice_unread(self) -> None:

@@ -452,18 +452,23 @@ class PartitionState:
         """Hold a due redelivery (its queue is paused, say) until ``until``."""
         self._retry(key, until, why)
 
-    def keep_watching(self, key: int, now: float, unread_s: float) -> None:
+    def keep_watching(
+        self, key: int, now: float, unread_s: float, *, until_taken: bool = False
+    ) -> None:
         """A watched copy came due but needs no second copy yet (its reader is alive, or
         no one else reads its queue): look again ``unread_s`` later, :data:`UNREAD_CHECKS`
-        times in all, then stop watching it."""
+        times in all, then stop watching it. With ``until_taken`` (a copy on a partition
+        that no reader of its queue is given when its group settles: a spare), look again
+        for as long as it is not taken."""
         watched = self._unread.get(key)
         if watched is None:
             return
         queue, checks = watched
-        if checks <= 1:
-            self.discard(key, "unread_unwatched")
-            return
-        self._unread[key] = (queue, checks - 1)
+        if not until_taken:
+            if checks <= 1:
+                self.discard(key, "unread_unwatched")
+                return
+            self._unread[key] = (queue, checks - 1)
         self._retry(key, now + unread_s, "unread_waits")
 
     # -- outputs ----------------------------------------------------------------------

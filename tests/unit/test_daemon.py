@@ -706,6 +706,31 @@ def test_a_copy_nobody_took_is_copied_again_only_toward_a_live_reader(
         assert state.watched == 1 and state.next_deadline() is not None
 
 
+@pytest.mark.parametrize(
+    ("partition", "until_taken"),
+    [(1, False), (0, False), (2, True), (3, True)],  # the window is (0, 1); 2 and 3 are spares
+)
+def test_a_copy_on_a_spare_is_watched_until_taken(partition: int, until_taken: bool) -> None:
+    """No reader heard anywhere: a copy in the queue's window is read by whoever owns its
+    queue partition once the group settles, so its watch may end; one on a spare is read
+    only by a member given that spare, so it stays watched."""
+    h = Harness(partitions=(0,))
+    h.claim(0)
+    key = watched_copy_due(h, partition=partition)
+    state = h.states[0]
+    asked: list[tuple[int, bool]] = []
+    keep = state.keep_watching
+
+    def recorded(key: int, now: float, unread_s: float, *, until_taken: bool = False) -> None:
+        asked.append((key, until_taken))
+        keep(key, now, unread_s, until_taken=until_taken)
+
+    state.keep_watching = recorded  # type: ignore[method-assign]
+    h.tracker._redeliver()
+    assert asked == [(key, until_taken)]
+    assert h.records.asked == [] and state.watched == 1
+
+
 class ControlSends:
     """The tracker's plain producer, as far as the control topic's notices go."""
 

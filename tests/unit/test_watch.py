@@ -127,6 +127,20 @@ def test_a_watch_no_longer_watched_lets_go_of_the_commit_point() -> None:
     assert s.commit_offset() == s.position
 
 
+def test_a_copy_on_a_spare_is_watched_until_taken_and_holds_the_commit_point() -> None:
+    s = state()
+    redelivered(s)
+    at = feed(s, watch(), LEASE_S + 0.1)
+    now = LEASE_S + UNREAD_S
+    for _ in range(UNREAD_CHECKS * 3):
+        [due] = s.due(now)
+        s.keep_watching(due.key, now, UNREAD_S, until_taken=True)
+        now += UNREAD_S
+    assert (s.watched, s.commit_offset(), s.stats["unread_unwatched"]) == (1, at, 0)
+    taken = feed(s, marker(MarkerType.START, COPY, attempt=2), now)
+    assert (s.watched, s.in_flight, s.commit_offset()) == (0, 1, taken)
+
+
 def test_copied_again_its_watch_counts_as_settled_in_the_rounds_commit() -> None:
     s = state()
     redelivered(s)
