@@ -290,6 +290,52 @@ def test_a_new_consumer_reads_the_copies_of_a_queue_whose_every_reader_was_kille
         )
 
 
+def consumer_and_worker_hold_four_each(
+    service: kmq.Service, topics: Topics, consumer: kmq.Consumer, worker: Child
+) -> frozenset[int]:
+    """Eight messages on "jobs" once each member reads one queue partition: the worker
+    holds its four; returns the consumer's queue partitions."""
+    wait_for_one_partition_each(service, topics, consumer, worker)
+    mine = consumer.assignment()
+    producer = service.queue("jobs").producer()
+    for i in range(8):  # alternating partitions: four for each member
+        producer.send(f"m{i}".encode())
+    worker.wait_for('"event": "holding"', 30, count=4)
+    return mine
+
+
+def nack_one_toward_the_worker(
+    consumer: kmq.Consumer, tracker: Tracker
+) -> tuple[kmq.Message, kmq.Message]:
+    """The consumer takes its four, acks two, keeps one and nacks one, whose copy goes to
+    the retry partition of the worker, the other live reader; returns (kept, nacked) once
+    the copy is written. `kept` is held: keep-alives keep this consumer heard from."""
+    taken = [consumer.receive(timeout_s=15) for _ in range(4)]
+    assert all(m is not None and m.attempt == 1 for m in taken)
+    kept, nacked, *done = [m for m in taken if m is not None]
+    for m in done:
+        m.ack()
+    nacked.nack(delay_s=0, reason="elsewhere, please")
+    wait_until(lambda: tracker.stats()["redeliveries:nacked"] == 1, 15, "the copy to be written")
+    return kept, nacked
+
+
+def copy_back(
+    consumer: kmq.Consumer, message_id: str, since: float, within_s: float
+) -> kmq.Message | None:
+    """The copy of ``message_id``, if it comes within ``within_s`` of ``since``; acks
+    everything else taken meanwhile (the worker's held messages come back too, once their
+    leases run out)."""
+    while time.monotonic() - since < within_s:
+        msg = consumer.receive(timeout_s=0.5)
+        if msg is None:
+            continue
+        msg.ack()
+        if msg.id == message_id:
+            return msg
+    return None
+
+
 def test_a_copy_whose_reader_froze_is_copied_again_to_a_live_one(
     broker: Broker,
     topics: Topics,
@@ -307,33 +353,11 @@ def test_a_copy_whose_reader_froze_is_copied_again_to_a_live_one(
     # The worker holds what it takes (keep-alives: it is heard from) and, full, takes no copy.
     worker = holding_worker(broker, topics, children, session_ms)
     with queue.consumer(max_in_flight=8) as consumer:
-        wait_for_one_partition_each(service, topics, consumer, worker)
-        mine = consumer.assignment()
-        producer = queue.producer()
-        for i in range(8):  # alternating partitions: four for each member
-            producer.send(f"m{i}".encode())
-        worker.wait_for('"event": "holding"', 30, count=4)
-        taken = [consumer.receive(timeout_s=15) for _ in range(4)]
-        assert all(m is not None and m.attempt == 1 for m in taken)
-        kept, nacked, *done = [m for m in taken if m is not None]
-        for m in done:
-            m.ack()
-        # `kept` is held (keep-alives: this consumer stays heard from); `nacked` goes back
-        # now, and its copy to the retry partition of the worker, the other live reader.
-        nacked.nack(delay_s=0, reason="elsewhere, please")
-        wait_until(
-            lambda: tracker.stats()["redeliveries:nacked"] == 1, 15, "the copy to be written"
-        )
+        mine = consumer_and_worker_hold_four_each(service, topics, consumer, worker)
+        kept, nacked = nack_one_toward_the_worker(consumer, tracker)
         os.kill(worker.pid, signal.SIGSTOP)
         frozen_at = time.monotonic()
-        back = None
-        while back is None and time.monotonic() - frozen_at < 15:
-            msg = consumer.receive(timeout_s=0.5)
-            if msg is None:
-                continue
-            if msg.id == nacked.id:
-                back = msg
-            msg.ack()  # the worker's held messages come back too, once their leases run out
+        back = copy_back(consumer, nacked.id, frozen_at, 15)
         waited_s = time.monotonic() - frozen_at
         os.kill(worker.pid, signal.SIGKILL)
         assert back is not None, "the copy waited for the frozen worker's group session"
@@ -366,37 +390,15 @@ def test_a_copys_watch_survives_a_change_of_tracker(
         assert first.tracker.wait_caught_up(30), "tracker never caught up"
         worker = holding_worker(broker, topics, children, session_ms)
         with queue.consumer(max_in_flight=8) as consumer:
-            wait_for_one_partition_each(service, topics, consumer, worker)
-            mine = consumer.assignment()
-            producer = queue.producer()
-            for i in range(8):
-                producer.send(f"m{i}".encode())
-            worker.wait_for('"event": "holding"', 30, count=4)
-            taken = [consumer.receive(timeout_s=15) for _ in range(4)]
-            assert all(m is not None and m.attempt == 1 for m in taken)
-            kept, nacked, *done = [m for m in taken if m is not None]
-            for m in done:
-                m.ack()
-            nacked.nack(delay_s=0, reason="elsewhere, please")
-            wait_until(
-                lambda: first.tracker.stats()["redeliveries:nacked"] == 1,
-                15,
-                "the copy to be written",
-            )
+            mine = consumer_and_worker_hold_four_each(service, topics, consumer, worker)
+            kept, nacked = nack_one_toward_the_worker(consumer, first.tracker)
             os.kill(worker.pid, signal.SIGSTOP)
             frozen_at = time.monotonic()
             first.stop()
             assert first.tracker.stats()["redeliveries:unread"] == 0
             second = RunningTracker(tracker_config)
             assert second.tracker.wait_caught_up(30), "the second tracker never caught up"
-            back = None
-            while back is None and time.monotonic() - frozen_at < 30:
-                msg = consumer.receive(timeout_s=0.5)
-                if msg is None:
-                    continue
-                if msg.id == nacked.id:
-                    back = msg
-                msg.ack()  # the worker's held messages come back too, once their leases run out
+            back = copy_back(consumer, nacked.id, frozen_at, 30)
             waited_s = time.monotonic() - frozen_at
             os.kill(worker.pid, signal.SIGKILL)
             assert back is not None, "the copy waited for the frozen worker's group session"

@@ -5,6 +5,7 @@ wrote it, and a successor that replays it watches the copy in turn
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.errors import KafkaConnectionError, ProducerFencedError
@@ -112,7 +113,10 @@ def test_taken_the_copy_holds_the_commit_point_by_its_start_then_not_at_all() ->
     assert s.commit_offset() == s.position
 
 
-def test_a_watch_no_longer_watched_lets_go_of_the_commit_point() -> None:
+@pytest.mark.parametrize("until_taken", [False, True], ids=["in-the-window", "on-a-spare"])
+def test_a_watch_holds_the_commit_point_while_it_is_watched(until_taken: bool) -> None:
+    """Looked at UNREAD_CHECKS times, a watch ends and lets go; one on a spare partition
+    (``until_taken``) stays, and holds the commit point until the copy is taken."""
     s = state()
     redelivered(s)
     at = feed(s, watch(), LEASE_S + 0.1)
@@ -121,21 +125,12 @@ def test_a_watch_no_longer_watched_lets_go_of_the_commit_point() -> None:
         assert s.commit_offset() == at
         [due] = s.due(now)
         assert due.start_offset == at
-        s.keep_watching(due.key, now, UNREAD_S)
+        s.keep_watching(due.key, now, UNREAD_S, until_taken=until_taken)
         now += UNREAD_S
-    assert (s.watched, s.stats["unread_unwatched"]) == (0, 1)
-    assert s.commit_offset() == s.position
-
-
-def test_a_copy_on_a_spare_is_watched_until_taken_and_holds_the_commit_point() -> None:
-    s = state()
-    redelivered(s)
-    at = feed(s, watch(), LEASE_S + 0.1)
-    now = LEASE_S + UNREAD_S
-    for _ in range(UNREAD_CHECKS * 3):
-        [due] = s.due(now)
-        s.keep_watching(due.key, now, UNREAD_S, until_taken=True)
-        now += UNREAD_S
+    if not until_taken:
+        assert (s.watched, s.stats["unread_unwatched"]) == (0, 1)
+        assert s.commit_offset() == s.position
+        return
     assert (s.watched, s.commit_offset(), s.stats["unread_unwatched"]) == (1, at, 0)
     taken = feed(s, marker(MarkerType.START, COPY, attempt=2), now)
     assert (s.watched, s.in_flight, s.commit_offset()) == (0, 1, taken)
