@@ -107,10 +107,15 @@ class Redeliverer:
     lately (:class:`tracker.readers.LiveReaders`), and ``lately(queue)`` those of them said
     within a shorter time, which go first.
 
-    With ``watch_copies``, a round also writes a WATCH marker for each copy, naming where
-    the copy landed (known once the broker has acknowledged it, before the commit), so a
-    tracker that replays the partition later watches the copy too
-    (:meth:`tracker.state.PartitionState.redelivered`).
+    With ``watch_copies``, a round also writes a WATCH marker for each copy it sends to a
+    spare (a retry partition outside its queue's window, :func:`kmq.layout.spare_candidates`),
+    naming where the copy landed (known once the broker has acknowledged it, before the
+    commit), so a tracker that replays the partition later watches the copy too
+    (:meth:`tracker.state.PartitionState.redelivered`). Only a member given that spare reads
+    it, so a copy there whose watch was lost with its tracker could be read by nobody; a
+    copy in the window is read by its queue partition's next owner in any case. Waiting
+    for the acknowledgement costs a round about one produce round trip, so rounds with no
+    copy to a spare skip it.
     """
 
     def __init__(
@@ -166,14 +171,15 @@ class Redeliverer:
             return topic, partition
         return topic, choices[offset % len(choices)]
 
-    def send_copy(self, producer: Any, copy: Copy) -> Any:
+    def send_copy(self, producer: Any, copy: Copy, where: tuple[str, int] | None = None) -> Any:
+        """Send ``copy`` to ``where`` (topic, partition), by default :meth:`target`'s."""
         if copy.dead_letter_queue is None:
             headers = queue_headers(copy.message_id, copy.attempt, copy.headers)
         else:
             headers = dead_letter_headers(
                 copy.message_id, copy.queue, copy.attempt, copy.due.reason, copy.headers
             )
-        topic, partition = self.target(copy)
+        topic, partition = self.target(copy) if where is None else where
         return producer.send(
             topic,
             key=copy.destination.encode(),
@@ -208,11 +214,21 @@ class Redeliverer:
             partition=copy.due.marker_partition,
         )
 
-    def _send_watches(self, txn: Any, copies: list[Copy], futures: list[Any]) -> None:
-        """Once the copies are on the broker (the transaction still open), their WATCH
-        markers. A copy that failed fails the round here (it would at the commit)."""
-        sent = [(c, f) for c, f in zip(copies, futures, strict=True) if c.dead_letter_queue is None]
-        if not self._watch_copies or not sent:
+    def _on_spare(self, copy: Copy, where: tuple[str, int]) -> bool:
+        """Whether a copy sent to ``where`` is to be watched by a WATCH marker."""
+        topic, partition = where
+        return (
+            self._watch_copies
+            and copy.dead_letter_queue is None
+            and topic == self._retry_topic
+            and partition not in self._partitions(topic, copy.destination)
+        )
+
+    def _send_watches(self, txn: Any, sent: list[tuple[Copy, Any]]) -> None:
+        """Once the copies ``sent`` to spares are on the broker (the transaction still
+        open), their WATCH markers. A copy that failed fails the round here (it would at the
+        commit)."""
+        if not sent:
             return
         txn.flush(timeout=self._txn_timeout_s)
         for copy, future in sent:
@@ -233,10 +249,14 @@ class Redeliverer:
         futures: list[Any] = []
         try:
             txn.begin_transaction()
+            spares: list[tuple[Copy, Any]] = []
             for copy in copies:
-                futures.append(self.send_copy(txn, copy))
+                where = self.target(copy)
+                futures.append(self.send_copy(txn, copy, where))
+                if self._on_spare(copy, where):
+                    spares.append((copy, futures[-1]))
                 self.send_marker(txn, copy)
-            self._send_watches(txn, copies, futures)
+            self._send_watches(txn, spares)
             if offsets:
                 txn_wait.send_offsets(txn, offsets, group_metadata, self._txn_timeout_s)
             txn_wait.commit(txn, self._txn_timeout_s)

@@ -409,9 +409,10 @@ class PartitionState:
         a consumer STARTs it: one not taken within ``unread_s`` comes out of :meth:`due`
         (with its ``queue``) to be copied again, to a partition someone reads, if the
         adapter finds that its own has no live reader. Not a lease: it holds no consumer's
-        delivery. The copy's WATCH marker, written in the same transaction, carries the
-        watch over a restart or a rebalance: read back, it holds the commit point (see
-        :meth:`_on_watch`)."""
+        delivery. A copy sent to a spare also has a WATCH marker, written in the same
+        transaction, which carries the watch over a restart or a rebalance: read back, it
+        holds the commit point (see :meth:`_on_watch`); the watch on any other copy is
+        forgotten then (its queue partition's next owner reads it)."""
         inflight = self._inflight.get(key)
         if inflight is None:
             return

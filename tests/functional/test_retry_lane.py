@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import signal
@@ -27,7 +26,6 @@ from tests.functional.conftest import (
     worker_argv,
 )
 from tests.functional.helpers import Child, Children, wait_until
-from tracker.config import TrackerConfig
 from tracker.daemon import Tracker
 
 BACKLOG = 10_000
@@ -253,6 +251,80 @@ def test_an_idle_members_spare_takes_the_copies_when_every_owner_is_killed(
             assert {partition for _, partition in got.values()} <= spares, got
 
 
+def test_a_copy_on_a_spare_is_still_watched_after_a_change_of_tracker(
+    broker: Broker, children: Children
+) -> None:
+    """The loss of chaos seed 440940772, staged. A consumer owns the queue's one partition;
+    an idle worker (more consumers than partitions) reads a spare, holds the one message
+    it takes, and so takes no more. A second copy goes to that spare (its reader is heard,
+    keep-alives), and the tracker watches it. That tracker stops, the idle worker freezes
+    (SIGSTOP: still in its group for its 60 s session), another tracker takes over. The
+    copy's WATCH marker carries the watch over: the new tracker copies it again to the
+    owner's retry partition once the spare falls silent. Without it, nobody would ever read
+    that copy: the group gives the spare to no one once the idle member is gone."""
+    session_ms = 60_000
+    with one_partition_queue(broker, 4, session_ms) as (topics, running, service):
+        retry_window = service.write_partitions("jobs", topics.retry)
+        queue = service.queue("jobs")
+        second: RunningTracker | None = None
+        with queue.consumer(max_in_flight=8) as owner:
+            wait_until(lambda: bool(owner.assignment()), 60, "the consumer to own the partition")
+            argv = worker_argv(broker, topics, "jobs", "idle", max_in_flight=1, hang_after=0)
+            argv[argv.index("--session-timeout-ms") + 1] = str(session_ms)
+            idle = children.python("worker", *argv)
+            try:
+                wait_until(
+                    lambda: any(
+                        e.get("event") == "assignment" and not e["queue"] and e["retry"]
+                        for e in idle.events()
+                    ),
+                    60,
+                    "the idle worker to be given a spare",
+                )
+                wait_until(
+                    lambda: running.tracker.live_readers("jobs") - set(retry_window),
+                    15,
+                    "the tracker to hear that the idle worker reads its spare",
+                )
+                producer = queue.producer()
+                producer.send(b"held by the idle worker")
+                producer.send(b"left on the spare")
+                taken = [owner.receive(timeout_s=15) for _ in range(2)]
+                assert all(m is not None and m.attempt == 1 for m in taken)
+                held, left = [m for m in taken if m is not None]
+                held.nack(delay_s=0, reason="to the spare")
+                idle.wait_for('"event": "holding"', 30)  # full now: it takes no more
+                left.nack(delay_s=0, reason="to the spare too")
+                wait_until(
+                    lambda: running.tracker.stats()["redeliveries:nacked"] == 2,
+                    15,
+                    "the second copy to be written",
+                )
+                running.stop()
+                assert running.tracker.stats()["redeliveries:unread"] == 0, "it looked already"
+                os.kill(idle.pid, signal.SIGSTOP)
+                frozen_at = time.monotonic()
+                second = RunningTracker(running.tracker.config)
+                assert second.tracker.wait_caught_up(30), "the second tracker never caught up"
+                back = None
+                while back is None and time.monotonic() - frozen_at < 30:
+                    msg = owner.receive(timeout_s=0.5)
+                    if msg is None:
+                        continue
+                    msg.ack()  # the held one comes back too, once its lease runs out
+                    if msg.id == left.id:
+                        back = msg
+                stats = second.tracker.stats()
+                assert back is not None, f"the copy on the spare was never taken: {stats}"
+                assert back.attempt == 2, "the same attempt: the first copy was never delivered"
+                assert (back.lane, back.partition) == (1, retry_window[0])
+                assert stats["watch_replayed"] >= 1 and stats["redeliveries:unread"] >= 1, stats
+            finally:
+                os.kill(idle.pid, signal.SIGKILL)
+                if second is not None:
+                    second.stop()
+
+
 def test_a_new_consumer_reads_the_copies_of_a_queue_whose_every_reader_was_killed(
     broker: Broker, children: Children
 ) -> None:
@@ -290,52 +362,6 @@ def test_a_new_consumer_reads_the_copies_of_a_queue_whose_every_reader_was_kille
         )
 
 
-def consumer_and_worker_hold_four_each(
-    service: kmq.Service, topics: Topics, consumer: kmq.Consumer, worker: Child
-) -> frozenset[int]:
-    """Eight messages on "jobs" once each member reads one queue partition: the worker
-    holds its four; returns the consumer's queue partitions."""
-    wait_for_one_partition_each(service, topics, consumer, worker)
-    mine = consumer.assignment()
-    producer = service.queue("jobs").producer()
-    for i in range(8):  # alternating partitions: four for each member
-        producer.send(f"m{i}".encode())
-    worker.wait_for('"event": "holding"', 30, count=4)
-    return mine
-
-
-def nack_one_toward_the_worker(
-    consumer: kmq.Consumer, tracker: Tracker
-) -> tuple[kmq.Message, kmq.Message]:
-    """The consumer takes its four, acks two, keeps one and nacks one, whose copy goes to
-    the retry partition of the worker, the other live reader; returns (kept, nacked) once
-    the copy is written. `kept` is held: keep-alives keep this consumer heard from."""
-    taken = [consumer.receive(timeout_s=15) for _ in range(4)]
-    assert all(m is not None and m.attempt == 1 for m in taken)
-    kept, nacked, *done = [m for m in taken if m is not None]
-    for m in done:
-        m.ack()
-    nacked.nack(delay_s=0, reason="elsewhere, please")
-    wait_until(lambda: tracker.stats()["redeliveries:nacked"] == 1, 15, "the copy to be written")
-    return kept, nacked
-
-
-def copy_back(
-    consumer: kmq.Consumer, message_id: str, since: float, within_s: float
-) -> kmq.Message | None:
-    """The copy of ``message_id``, if it comes within ``within_s`` of ``since``; acks
-    everything else taken meanwhile (the worker's held messages come back too, once their
-    leases run out)."""
-    while time.monotonic() - since < within_s:
-        msg = consumer.receive(timeout_s=0.5)
-        if msg is None:
-            continue
-        msg.ack()
-        if msg.id == message_id:
-            return msg
-    return None
-
-
 def test_a_copy_whose_reader_froze_is_copied_again_to_a_live_one(
     broker: Broker,
     topics: Topics,
@@ -353,11 +379,33 @@ def test_a_copy_whose_reader_froze_is_copied_again_to_a_live_one(
     # The worker holds what it takes (keep-alives: it is heard from) and, full, takes no copy.
     worker = holding_worker(broker, topics, children, session_ms)
     with queue.consumer(max_in_flight=8) as consumer:
-        mine = consumer_and_worker_hold_four_each(service, topics, consumer, worker)
-        kept, nacked = nack_one_toward_the_worker(consumer, tracker)
+        wait_for_one_partition_each(service, topics, consumer, worker)
+        mine = consumer.assignment()
+        producer = queue.producer()
+        for i in range(8):  # alternating partitions: four for each member
+            producer.send(f"m{i}".encode())
+        worker.wait_for('"event": "holding"', 30, count=4)
+        taken = [consumer.receive(timeout_s=15) for _ in range(4)]
+        assert all(m is not None and m.attempt == 1 for m in taken)
+        kept, nacked, *done = [m for m in taken if m is not None]
+        for m in done:
+            m.ack()
+        # `kept` is held (keep-alives: this consumer stays heard from); `nacked` goes back
+        # now, and its copy to the retry partition of the worker, the other live reader.
+        nacked.nack(delay_s=0, reason="elsewhere, please")
+        wait_until(
+            lambda: tracker.stats()["redeliveries:nacked"] == 1, 15, "the copy to be written"
+        )
         os.kill(worker.pid, signal.SIGSTOP)
         frozen_at = time.monotonic()
-        back = copy_back(consumer, nacked.id, frozen_at, 15)
+        back = None
+        while back is None and time.monotonic() - frozen_at < 15:
+            msg = consumer.receive(timeout_s=0.5)
+            if msg is None:
+                continue
+            if msg.id == nacked.id:
+                back = msg
+            msg.ack()  # the worker's held messages come back too, once their leases run out
         waited_s = time.monotonic() - frozen_at
         os.kill(worker.pid, signal.SIGKILL)
         assert back is not None, "the copy waited for the frozen worker's group session"
@@ -366,52 +414,6 @@ def test_a_copy_whose_reader_froze_is_copied_again_to_a_live_one(
         assert consumer.assignment() == mine, "it came before any rebalance"
         assert waited_s < session_ms / 1000 / 2, waited_s
         kept.ack()
-
-
-def test_a_copys_watch_survives_a_change_of_tracker(
-    broker: Broker,
-    topics: Topics,
-    make_service: Callable[..., kmq.Service],
-    tracker_config: TrackerConfig,
-    children: Children,
-) -> None:
-    """As above, but the tracker that wrote the copy stops before it looks at the copy
-    (the chaos loss of seed 440940772: its markers partition went to another tracker within
-    a second). The copy's WATCH marker carries the watch over: the successor replays it and
-    copies the message again to the live consumer, long before the group would move the
-    frozen worker's partition."""
-    session_ms = 60_000
-    service = make_service(session_timeout_ms=session_ms)
-    queue = service.queue("jobs")
-    # The first tracker would look at the copy only after 30 s: it never does here.
-    first = RunningTracker(dataclasses.replace(tracker_config, unread_copy_s=30.0))
-    second: RunningTracker | None = None
-    try:
-        assert first.tracker.wait_caught_up(30), "tracker never caught up"
-        worker = holding_worker(broker, topics, children, session_ms)
-        with queue.consumer(max_in_flight=8) as consumer:
-            mine = consumer_and_worker_hold_four_each(service, topics, consumer, worker)
-            kept, nacked = nack_one_toward_the_worker(consumer, first.tracker)
-            os.kill(worker.pid, signal.SIGSTOP)
-            frozen_at = time.monotonic()
-            first.stop()
-            assert first.tracker.stats()["redeliveries:unread"] == 0
-            second = RunningTracker(tracker_config)
-            assert second.tracker.wait_caught_up(30), "the second tracker never caught up"
-            back = copy_back(consumer, nacked.id, frozen_at, 30)
-            waited_s = time.monotonic() - frozen_at
-            os.kill(worker.pid, signal.SIGKILL)
-            assert back is not None, "the copy waited for the frozen worker's group session"
-            assert back.attempt == 2, "the same attempt: the first copy was never delivered"
-            stats = second.tracker.stats()
-            assert stats["watch_replayed"] >= 1 and stats["redeliveries:unread"] >= 1, stats
-            assert consumer.assignment() == mine, "it came before any rebalance"
-            assert waited_s < session_ms / 1000 / 2, waited_s
-            kept.ack()
-    finally:
-        for running in (first, second):
-            if running is not None and running.thread.is_alive():
-                running.stop()
 
 
 def test_the_tracker_hears_which_retry_partitions_a_live_consumer_reads(

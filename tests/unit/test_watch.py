@@ -267,21 +267,33 @@ def copy(dead_letter_queue: str | None = None, lane: int = QUEUE_LANE, offset: i
     return Copy(due, "orders", f"m-{offset}", 2, b"payload", (), dead_letter_queue)
 
 
-def redeliverer(watch_copies: bool = True, retry: str | None = RETRY_TOPIC) -> Redeliverer:
+SPARE = 9
+"""A retry partition outside the queue's retry window (5, 6) that a consumer said it reads."""
+
+
+def redeliverer(
+    watch_copies: bool = True,
+    retry: str | None = RETRY_TOPIC,
+    live: frozenset[int] = frozenset({SPARE}),
+) -> Redeliverer:
+    """Queue window (3, 4), retry window (5, 6); by default only a spare's reader is heard,
+    so copies go to the spare."""
     return Redeliverer(
         QUEUE_TOPIC,
         retry,
         MARKER_TOPIC,
         lambda topic, queue: (5, 6) if topic == RETRY_TOPIC else (3, 4),
+        live=lambda queue: live,
         watch_copies=watch_copies,
     )
 
 
-def test_a_round_writes_a_watch_per_copy_once_the_copies_have_landed() -> None:
+def test_a_round_writes_a_watch_per_copy_to_a_spare_once_the_copies_have_landed() -> None:
     txn = StubTxnProducer()
     batch = [copy(offset=77), copy("orders.dlq", offset=78), copy(offset=79)]
     outcome = redeliverer().round(txn, batch, {}, None)
     assert outcome.written
+    assert [s.partition for s in txn.sent[0:6:2]] == [SPARE, 3, SPARE]
     assert txn.calls == [
         "begin_transaction",
         *["send"] * 6,
@@ -310,14 +322,17 @@ def test_what_a_round_writes_a_successor_watches() -> None:
     txn = StubTxnProducer()
     outcome = redeliverer().round(txn, [copy()], {}, None)
     [where] = outcome.placed
-    assert where is not None
+    assert where is not None and where[0] == SPARE
     s = replayed(START, *(sent.value for sent in txn.sent if sent.topic == MARKER_TOPIC))
     [due] = s.due(100.0 + UNREAD_S + 0.1)
     assert (due.key, due.unread_queue) == (delivery_key(RETRY_LANE, *where), "orders")
 
 
-def test_no_watches_when_off_or_without_a_retry_topic() -> None:
-    for r in (redeliverer(watch_copies=False), redeliverer(retry=None)):
+def test_no_watches_when_off_without_a_retry_topic_or_in_the_window() -> None:
+    """A copy in the queue's retry window needs none: its queue partition's next owner
+    reads it whatever happens to the watch; the round then waits for nothing."""
+    in_window = redeliverer(live=frozenset({6}))
+    for r in (redeliverer(watch_copies=False), redeliverer(retry=None), in_window):
         txn = StubTxnProducer()
         assert r.round(txn, [copy()], {}, None).written
         assert "flush" not in txn.calls and len(txn.sent) == 2
