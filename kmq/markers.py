@@ -47,8 +47,9 @@ class MarkerType(enum.IntEnum):
     REJECT = 8  # dead-letter it now (written by anyone holding its receipt, e.g. the proxy)
     PROBE = 9  # a tracker's own mark of how far it has read: offset = its send time (ms),
     # attempt = the tracker's nonce; names no record
-    WATCH = 10  # written by the tracker with REDELIVERED: the copy it wrote (retry lane),
-    # watched until a consumer STARTs it; text = the copy's queue. Not a delivery event
+    WATCH = 10  # written by the tracker with REDELIVERED when it sent the copy to a spare
+    # retry partition: names the copy (retry lane), watched until a consumer STARTs it;
+    # text = the copy's queue. Not a delivery event
 
 
 KNOWN_TYPES = frozenset(int(t) for t in MarkerType)
