@@ -258,11 +258,11 @@ def test_a_copy_on_a_spare_is_still_watched_after_a_change_of_tracker(
     an idle worker (more consumers than partitions) reads a spare, holds the one message
     it takes, and so takes no more. A second copy goes to that spare (its reader is heard,
     keep-alives), and the tracker watches it. That tracker stops, the idle worker freezes
-    (SIGSTOP: still in its group for its 60 s session), another tracker takes over. The
+    (SIGSTOP: still in its group for its 15 s session), another tracker takes over. The
     copy's WATCH marker carries the watch over: the new tracker copies it again to the
     owner's retry partition once the spare falls silent. Without it, nobody would ever read
     that copy: the group gives the spare to no one once the idle member is gone."""
-    session_ms = 60_000
+    session_ms = 15_000
     with one_partition_queue(broker, 4, session_ms) as (topics, running, service):
         retry_window = service.write_partitions("jobs", topics.retry)
         queue = service.queue("jobs")
