@@ -31,12 +31,12 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from kmq import kafka_clients
 from kmq.dev.embedded import EmbeddedBroker
 from kmq.records import delivery_key
-from tracker.reread import RecordReader
+from tracker.reread import FETCH_WAIT_MS, RecordReader
 from tracker.state import Due
 
 _TOPIC = "reread-far"
 _SETTINGS: dict[str, dict[str, Any]] = {
-    "old": {"fetch_max_wait_ms": 50},
+    "old": {"fetch_max_wait_ms": FETCH_WAIT_MS},  # the tracker's
     "new": {  # tried in 23354db, reverted: see the README's Performance section
         "fetch_max_wait_ms": 500,
         "fetch_max_bytes": 256 * 1024,

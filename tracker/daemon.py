@@ -47,7 +47,7 @@ from tracker.notices import UnreadNotices
 from tracker.orphans import OwnerWatch, owns_text
 from tracker.readers import LATELY_S, LiveReaders
 from tracker.redeliver import TXN_TIMEOUT_S, Copy, Redeliverer, RoundOutcome, copy_of
-from tracker.reread import RecordReader
+from tracker.reread import FETCH_WAIT_MS, RecordReader
 from tracker.stall import Change, Stall
 from tracker.state import Due, PartitionState, floor_ms
 from tracker.view import TrackerView, partition_view
@@ -220,7 +220,7 @@ class Tracker:
             enable_auto_commit=False,
             auto_offset_reset="earliest",  # below the log start: read on, and call it gone
             isolation_level="read_committed",
-            fetch_max_wait_ms=50,
+            fetch_max_wait_ms=FETCH_WAIT_MS,
         )
         opened.append(self._reader.close)
         self._producer = kafka_clients.producer(  # PROBE markers only: they change nothing

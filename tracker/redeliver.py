@@ -171,15 +171,15 @@ class Redeliverer:
             return topic, partition
         return topic, choices[offset % len(choices)]
 
-    def send_copy(self, producer: Any, copy: Copy, where: tuple[str, int] | None = None) -> Any:
-        """Send ``copy`` to ``where`` (topic, partition), by default :meth:`target`'s."""
+    def send_copy(self, producer: Any, copy: Copy, where: tuple[str, int]) -> Any:
+        """Send ``copy`` to ``where`` (topic, partition: :meth:`target`'s choice)."""
         if copy.dead_letter_queue is None:
             headers = queue_headers(copy.message_id, copy.attempt, copy.headers)
         else:
             headers = dead_letter_headers(
                 copy.message_id, copy.queue, copy.attempt, copy.due.reason, copy.headers
             )
-        topic, partition = self.target(copy) if where is None else where
+        topic, partition = where
         return producer.send(
             topic,
             key=copy.destination.encode(),

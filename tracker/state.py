@@ -384,14 +384,20 @@ class PartitionState:
         # this owner writes to its partition once the replay is over.
         if not replayed or self.unread_s <= 0 or copy in self._young:
             return
+        self._watch(copy, now + self.unread_s, offset, entry[6], text.decode("utf-8", "replace"))
+        self._anchors.add(offset)
+        self.stats["watch_replayed"] += 1
+
+    def _watch(
+        self, copy: int, deadline: float, offset: int, max_attempts: int, queue: str
+    ) -> None:
+        """Start watching ``copy`` (its WATCH at ``offset``, or ``_NO_START``)."""
         watch = self._inflight[copy] = _InFlight(
-            copy, now + self.unread_s, offset, entry[6], attempt_step=0,
+            copy, deadline, offset, max_attempts, attempt_step=0,
             reason=UNREAD_REASON, cause="unread",
         )  # fmt: skip
         self._deadlines.add(watch)
-        self._anchors.add(offset)
-        self._unread[copy] = (text.decode("utf-8", "replace"), UNREAD_CHECKS)
-        self.stats["watch_replayed"] += 1
+        self._unread[copy] = (queue, UNREAD_CHECKS)
 
     def redelivered(
         self,
@@ -429,12 +435,7 @@ class PartitionState:
             or copy in self._young
         ):
             return
-        watch = self._inflight[copy] = _InFlight(
-            copy, now + unread_s, _NO_START, inflight.max_attempts, attempt_step=0,
-            reason=UNREAD_REASON, cause="unread",
-        )  # fmt: skip
-        self._deadlines.add(watch)
-        self._unread[copy] = (queue, UNREAD_CHECKS)
+        self._watch(copy, now + unread_s, _NO_START, inflight.max_attempts, queue)
         if dead_letter_queue is not None:
             self._dead_letter_queues[copy] = dead_letter_queue
 
