@@ -65,6 +65,10 @@ class Due:
         return split_key(self.key)
 
 
+LEASE_EXPIRED_REASON = "lease expired"
+"""The reason a REDELIVERED marker gives for a lease that ran out."""
+
+
 @dataclass(slots=True, eq=False)
 class _InFlight:
     key: int
@@ -72,7 +76,7 @@ class _InFlight:
     start_offset: int
     max_attempts: int
     attempt_step: int = 1
-    reason: str = "lease expired"
+    reason: str = LEASE_EXPIRED_REASON
     cause: str = "lease_expired"
     """What made it due, one of :data:`CAUSES` (``reason`` is free text)."""
     redelivering: bool = False
@@ -763,7 +767,7 @@ class PartitionState:
             self._note_read(offset, now)
             inflight.start_offset, inflight.max_attempts = offset, entry[6]
             inflight.attempt_step = 1
-            inflight.reason, inflight.cause = "lease expired", "lease_expired"
+            inflight.reason, inflight.cause = LEASE_EXPIRED_REASON, "lease_expired"
             if text:
                 self._dead_letter_queues[delivery] = text.decode("utf-8", "replace")
             self._reschedule(inflight, deadline)

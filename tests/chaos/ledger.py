@@ -69,7 +69,7 @@ from kmq.markers import Marker, MarkerType, decode_all
 from kmq.records import parse_queue_headers
 from tests.chaos.proxy import Fault
 from tests.chaos.roles import NACK_REASON
-from tracker.state import UNREAD_REASON
+from tracker.state import LEASE_EXPIRED_REASON, UNREAD_REASON
 
 SETTLED_TYPES: frozenset[MarkerType] = frozenset(
     t for t in MarkerType if t.name in ("END", "DEAD_LETTERED")
@@ -547,32 +547,49 @@ def _check_redeliveries(
     tracker_kills = sorted(
         i.killed for i in run.incarnations if i.kind == "tracker" and i.killed is not None
     )
-    first_redelivery: dict[tuple[str, Delivery], float] = {}
+    last_redelivery: dict[tuple[str, Delivery], MarkerRecord] = {}
     checker = _Explainer(run, workers)
     for record in sorted(redelivered, key=lambda r: r.timestamp_s):
         marker = record.marker
         key = (record.message_id, where(marker))
         at = record.timestamp_s
         events = by_delivery.get(key, [])
-        if key in first_redelivery:
-            previous = first_redelivery[key]
+        key_starts, key_marks = starts.get(key, []), marks.get(key, [])
+        sent_at = ledgers.sent.get(record.message_id)
+        if key in last_redelivery:
+            before = last_redelivery[key]
+            last_redelivery[key] = record
+            previous = before.timestamp_s
+            restarted = _after(key_starts, before, record)
             if any(previous - 1 <= k <= at for k in tracker_kills) or checker.fault_between(
                 previous, at
             ):
                 report.causes["repeat"] += 1
-            elif marker.reason == NACK_REASON and _renacked(events, previous, at):
+                continue
+            if marker.reason == NACK_REASON and _renacked(events, previous, at):
                 # The record was read again after the first redelivery (its first reader's
                 # offset commit never landed, so the partition's next owner re-read it: an
                 # at-least-once duplicate), and that duplicate delivery was nacked.
                 report.causes["renacked"] += 1
-            else:
+                continue
+            if not restarted or marker.reason != LEASE_EXPIRED_REASON:
                 report.causes["unexplained"] += 1
                 report.unexplained.append(
                     f"{record.message_id} {where(marker)}: redelivered again at {at:.3f} "
-                    f"(first at {previous:.3f}) with no tracker kill or fault in between"
+                    f"(first at {previous:.3f}) with no tracker kill or fault in between; "
+                    f"STARTs at {[(s.partition, s.offset) for s in key_starts]}, "
+                    f"ledger: {[(e.kind, e.worker, round(e.t, 3)) for e in events]}"
                 )
-            continue
-        first_redelivery[key] = at
+                continue
+            # A START after the previous REDELIVERED in the markers log, so read after the
+            # tracker had forgotten the delivery: the record was read again (its earlier
+            # reader's offset commit never landed), a new lease began, and it ran out too.
+            # That lease is explained from what happened after the previous redelivery.
+            events = [e for e in events if e.t >= previous]
+            key_starts, key_marks = restarted, _after(key_marks, before, record)
+            sent_at = previous
+        else:
+            last_redelivery[key] = record
         if marker.reason == NACK_REASON:
             # The ledger line may be missing: a SIGKILL right after the NACK went out.
             if key in nacked or any(e.kind in ("nacked", "nack_failed") for e in events):
@@ -611,7 +628,7 @@ def _check_redeliveries(
             for e in events
             if e.kind == "took" and e.worker in workers and e.t <= at
         ]
-        start_at = checker.start_written(starts.get(key, []), at)
+        start_at = checker.start_written(key_starts, at)
         if start_at is None:
             report.unattributed_starts += 1
         elif at - start_at < run.lease_s - TIMESTAMP_SLACK_S:
@@ -619,9 +636,7 @@ def _check_redeliveries(
                 f"{record.message_id} {where(marker)}: redelivered {at - start_at:.3f} s "
                 f"after its START was written (lease {run.lease_s} s)"
             )
-        cause, killed_at = checker.cause(
-            events, holders, marks.get(key, []), at, ledgers.sent.get(record.message_id)
-        )
+        cause, killed_at = checker.cause(events, holders, key_marks, at, sent_at)
         report.causes[cause] += 1
         if cause in ("unexplained", "tracker_lag", "holder_silent"):
             (report.unexplained if cause == "unexplained" else report.overload).append(
@@ -702,6 +717,18 @@ def _retry_readers(
         for name, r in last.items()
         if r.retry and name in workers and workers[name].end > at
     }
+
+
+def _after(
+    records: list[MarkerRecord], first: MarkerRecord, last: MarkerRecord
+) -> list[MarkerRecord]:
+    """``records`` that lie between ``first`` and ``last`` in their markers partition: read
+    by its tracker after ``first`` and before ``last`` were written."""
+    return [
+        r
+        for r in records
+        if r.partition == first.partition and first.offset < r.offset < last.offset
+    ]
 
 
 def _renacked(events: list[WorkerEvent], previous: float, at: float) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -294,6 +295,46 @@ def test_a_second_redelivery_for_a_nacked_duplicate_of_the_record_is_explained()
     # Taken again but acked, not nacked: nothing explains a second nack redelivery.
     acked = [again[0], event("acked", "w1.1", T0 + 25.1)]
     assert run_check(workers, first + acked, markers).causes == {"nacked": 1, "unexplained": 1}
+
+
+def test_a_second_lease_of_a_record_read_again_is_explained_like_the_first() -> None:
+    # Reduced chaos run, seed 1273005805: w0.1 STARTed the record and died before handing it
+    # out, and the tracker redelivered that lease. w1.1, the partition's next owner, read the
+    # record again (w0.1's offset commit never landed), STARTed it and died before handing it
+    # out too: a second lease of the same delivery, which ran out and was redelivered again,
+    # with no tracker kill or fault in between. w2.1 then read it a third time and acked it.
+    workers = [
+        worker("w0.1", AHEAD_S, killed=T0 + 1.5),
+        worker("w1.1", BEHIND_S, killed=T0 + 4),
+        worker("w2.1", 0.0),
+    ]
+    events = [event("took", "w2.1", T0 + 7), event("acked", "w2.1", T0 + 7.1)]
+    markers = [
+        marker(MarkerType.START, T0 + 1 + AHEAD_S, offset=1),
+        marker(MarkerType.REDELIVERED, T0 + 3.2, attempt=2, reason="lease expired", offset=2),
+        marker(MarkerType.START, T0 + 3.5 + BEHIND_S, offset=3),
+        marker(MarkerType.REDELIVERED, T0 + 5.6, attempt=2, reason="lease expired", offset=4),
+        marker(MarkerType.START, T0 + 6.9, offset=5),
+        marker(MarkerType.END, T0 + 7.1, offset=6),
+    ]
+    report = run_check(workers, events, markers)
+    assert report.causes == {"buffered_killed": 2}
+    assert report.unexplained == [] and report.early == []
+    # The same second START before the first REDELIVERED in the log: the tracker read it
+    # while the first lease was being redelivered (one lease covers both), so nothing
+    # explains a second redelivery.
+    folded = [markers[0], markers[2], markers[1], markers[3], markers[4], markers[5]]
+    folded = [replace(m, offset=i) for i, m in enumerate(folded, 1)]
+    assert run_check(workers, events, folded).causes == {"buffered_killed": 1, "unexplained": 1}
+    # The second lease redelivered less than a lease after its START: early.
+    hasty = [*markers[:3], replace(markers[3], timestamp_s=T0 + 4.5), *markers[4:]]
+    assert len(run_check(workers, events, hasty).early) == 1
+    # Its starter alive and writing: the tracker lagged, not explained by a kill.
+    alive = [worker("w0.1", AHEAD_S, killed=T0 + 1.5), worker("w1.1", BEHIND_S), workers[2]]
+    kept = [*markers[:3], marker(MarkerType.KEEPALIVE, T0 + 4.5 + BEHIND_S), *markers[3:]]
+    kept = [replace(m, offset=i) for i, m in enumerate(kept, 1)]
+    lagged = run_check(alive, [event("took", "w1.1", T0 + 3.5), *events], kept)
+    assert lagged.causes == {"buffered_killed": 1, "tracker_lag": 1}
 
 
 def test_redelivery_of_a_buffered_message_is_explained_by_the_kill_of_its_starter() -> None:
