@@ -829,6 +829,7 @@ class Tracker:
             meta.generation_id,
             meta.state == MemberState.STABLE and self._link.up,
             time.monotonic(),
+            frozenset() if self._owners is None else self._owners.held_elsewhere(),
         )
         if not back:
             return

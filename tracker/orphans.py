@@ -121,6 +121,16 @@ class OwnerWatch:
                 out.append(partition)
         return sorted(out)
 
+    def held_elsewhere(self) -> set[int]:
+        """The partitions another replica named last, within :attr:`silence_s` before the
+        newest own beacon read back: held by a live replica."""
+        current, silence, own = self._current, self.silence_s, self.own
+        return {
+            partition
+            for partition, (at, namer) in self._named.items()
+            if namer != own and current - at < silence
+        }
+
     def reassigned(self, now: float, mine: Iterable[int]) -> None:
         """The group has just given this replica ``mine`` (and every other partition to
         another member, which names it at its first beacon): none of the others is adopted

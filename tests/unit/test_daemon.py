@@ -431,6 +431,33 @@ def test_a_fenced_partition_the_group_gives_back_is_taken_up_again() -> None:
     assert t.stats()["partitions_retaken"] == 1 and t.stats()["fenced"] == 1
 
 
+def test_a_fenced_partition_an_adopter_holds_is_left_to_it_until_it_falls_silent() -> None:
+    """Fenced in the same generation by a replica that adopted the partition while this one
+    was cut off: that replica holds it and says so in its beacons, so this one does not
+    take it back (which would fence the adopter and replay the partition a third time)
+    until those beacons stop."""
+    h = Harness(partitions=(0, 1))
+    t = h.tracker
+    t._fence_watch = FenceWatch(settle_s=0.0)
+    h.producers.fail[1] = {"commit_transaction": ProducerFencedError()}
+    h.claim(0, 1)
+    t._redeliver()
+    assert t.partitions() == [0]
+    h.producers.fail[1] = {}
+    owners = t._owners
+    assert owners is not None
+    base = time.monotonic()
+    owners.heard(99, frozenset({1}), base, base)  # the adopter, read on partition 0
+    owners.heard(t._nonce, frozenset({0}), base + 0.1, base + 0.1)
+    for _ in range(3):
+        t._retake_fenced()
+    assert t.partitions() == [0], "left to the live adopter"
+    owners.heard(t._nonce, frozenset({0}), base + 10, base + 10)  # nothing of 99 since
+    t._retake_fenced()
+    assert t.partitions() == [0, 1]
+    assert t.stats()["partitions_retaken"] == 1
+
+
 def test_a_fenced_partition_the_group_moves_away_is_not_taken_up() -> None:
     h = Harness(partitions=(0,))
     h.producers.fail[0] = {"commit_transaction": ProducerFencedError()}

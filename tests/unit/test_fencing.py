@@ -442,6 +442,30 @@ def test_a_partition_fenced_by_an_adopter_is_retaken_once_its_generation_has_set
         assert watch.retake(assigned, generation, stable, now) == expected, f"step {i}"
 
 
+# (assigned here, generation, stable, now, held by another live replica) -> retake();
+# settle 3 s, fenced at 10.0 in generation 5.
+ADOPTER_CASES = {
+    "left to a live adopter, then taken once it lets go": [
+        ({1}, 5, True, 13.0, {1}, []), ({1}, 5, True, 30.0, {1}, []),
+        ({1}, 5, True, 30.1, set(), [1]),
+    ],
+    "other partitions held elsewhere change nothing": [({1}, 5, True, 13.0, {2}, [1])],
+    "a later generation keeps it here all the same": [
+        ({1}, 6, True, 10.5, {1}, []), ({1}, 6, True, 10.6, {1}, [1]),
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("steps", ADOPTER_CASES.values(), ids=ADOPTER_CASES.keys())
+def test_a_partition_a_live_adopter_holds_is_left_to_it_in_the_generation_of_the_fence(
+    steps: list[tuple[set[int], int, bool, float, set[int], list[int]]],
+) -> None:
+    watch = FenceWatch(settle_s=3.0)
+    watch.fenced(1, generation=5, now=10.0)
+    for i, (assigned, generation, stable, now, elsewhere, expected) in enumerate(steps):
+        assert watch.retake(assigned, generation, stable, now, elsewhere) == expected, i
+
+
 def test_an_assignment_ends_the_watch_and_a_new_fence_restarts_it() -> None:
     watch = FenceWatch()
     watch.fenced(1, generation=5)

@@ -123,6 +123,21 @@ def test_a_partition_named_longer_ago_than_the_window_is_left_to_the_group() -> 
     assert w.orphans(12.6, {0}) == []
 
 
+def test_a_partition_is_held_elsewhere_while_another_replica_names_it_lately() -> None:
+    w = watch()
+    w.heard(ME, frozenset({0, 1}), 0.0, 0.1)
+    w.heard(OTHER, frozenset({1, 3}), 0.5, 0.6)  # the adopter names 1 too
+    w.heard(ME, frozenset({0}), 1.0, 1.1)  # this replica let 1 go (fenced)
+    assert w.held_elsewhere() == {1, 3}
+    w.heard(OTHER, frozenset({3}), 2.0, 2.1)  # the adopter let 1 go as well
+    w.heard(ME, frozenset({0}), 2.5, 2.6)
+    assert w.held_elsewhere() == {1, 3}, "named 1.9 s before the newest own beacon"
+    w.heard(ME, frozenset({0}), 2.7, 2.8)
+    assert w.held_elsewhere() == {3}
+    w.heard(ME, frozenset({0}), 5.0, 5.1)  # and nothing more of OTHER: silent too
+    assert w.held_elsewhere() == set()
+
+
 def test_partitions_the_group_just_gave_to_another_are_not_adopted_until_it_is_silent() -> None:
     """The group has just moved a dead replica's partitions to a new member, which names
     them only at its first beacon: they are not taken up from the dead one meanwhile."""
