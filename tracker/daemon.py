@@ -824,12 +824,13 @@ class Tracker:
         meta = self._kc.group_metadata()
         topic = self.config.marker_topic
         assigned = {tp.partition for tp in self._kc.assignment() if tp.topic == topic}
+        now = time.monotonic()
         back = self._fence_watch.retake(
             assigned,
             meta.generation_id,
             meta.state == MemberState.STABLE and self._link.up,
-            time.monotonic(),
-            frozenset() if self._owners is None else self._owners.held_elsewhere(),
+            now,
+            frozenset() if self._owners is None else self._owners.held_elsewhere(now),
         )
         if not back:
             return

@@ -121,10 +121,14 @@ class OwnerWatch:
                 out.append(partition)
         return sorted(out)
 
-    def held_elsewhere(self) -> set[int]:
+    def held_elsewhere(self, now: float) -> set[int]:
         """The partitions another replica named last, within :attr:`silence_s` before the
-        newest own beacon read back: held by a live replica."""
+        newest own beacon read back: held by a live replica. None while that beacon is
+        itself older than :attr:`silence_s` at ``now``: a replica that reads nothing new
+        (it holds no other partition, say) cannot tell whether that replica still lives."""
         current, silence, own = self._current, self.silence_s, self.own
+        if now - current >= silence:
+            return set()
         return {
             partition
             for partition, (at, namer) in self._named.items()

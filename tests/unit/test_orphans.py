@@ -128,14 +128,24 @@ def test_a_partition_is_held_elsewhere_while_another_replica_names_it_lately() -
     w.heard(ME, frozenset({0, 1}), 0.0, 0.1)
     w.heard(OTHER, frozenset({1, 3}), 0.5, 0.6)  # the adopter names 1 too
     w.heard(ME, frozenset({0}), 1.0, 1.1)  # this replica let 1 go (fenced)
-    assert w.held_elsewhere() == {1, 3}
+    assert w.held_elsewhere(1.2) == {1, 3}
     w.heard(OTHER, frozenset({3}), 2.0, 2.1)  # the adopter let 1 go as well
     w.heard(ME, frozenset({0}), 2.5, 2.6)
-    assert w.held_elsewhere() == {1, 3}, "named 1.9 s before the newest own beacon"
+    assert w.held_elsewhere(2.7) == {1, 3}, "named 1.9 s before the newest own beacon"
     w.heard(ME, frozenset({0}), 2.7, 2.8)
-    assert w.held_elsewhere() == {3}
+    assert w.held_elsewhere(2.9) == {3}
     w.heard(ME, frozenset({0}), 5.0, 5.1)  # and nothing more of OTHER: silent too
-    assert w.held_elsewhere() == set()
+    assert w.held_elsewhere(5.2) == set()
+
+
+def test_a_replica_that_reads_nothing_new_knows_of_no_partition_held_elsewhere() -> None:
+    w = watch()
+    w.heard(OTHER, frozenset({1}), 0.5, 0.6)
+    w.heard(ME, frozenset({0}), 1.0, 1.1)
+    assert w.held_elsewhere(1.5) == {1}
+    # No own beacon read back since 1.0: whether OTHER still lives is not known here.
+    assert w.held_elsewhere(1.0 + SILENCE_S - 0.01) == {1}
+    assert w.held_elsewhere(1.0 + SILENCE_S) == set()
 
 
 def test_partitions_the_group_just_gave_to_another_are_not_adopted_until_it_is_silent() -> None:
