@@ -51,6 +51,7 @@ from tracker.reread import FETCH_WAIT_MS, RecordReader
 from tracker.stall import Change, Stall
 from tracker.state import Due, PartitionState, floor_ms
 from tracker.view import TrackerView, partition_view
+from tracker.vouch import Voucher, vouch_due
 
 log = logging.getLogger("kmq.tracker")
 
@@ -118,6 +119,9 @@ class Tracker:
             OwnerWatch(self._nonce, config.adopt_after_s) if config.adopt_after_s else None
         )
         self._next_beacon = 0.0
+        self._beacon_partitions = 0
+        """How many markers partitions the last beacon went to (the voucher writes to those)."""
+        self._voucher = Voucher(self._vouch_due, self._vouch)
         self._acked: dict[int, tuple[int, float]] = {}
         """Per markers partition, this replica's last PROBE the broker acknowledged: its
         offset, and when (monotonic); the next tick passes it on to a successor."""
@@ -322,6 +326,8 @@ class Tracker:
         probes = self._start_probes()
         try:
             if self._connect():
+                if self._owners is not None and self.config.tick_interval_s > 0:
+                    self._voucher.start()
                 self._loop()
         finally:
             if probes is not None:
@@ -383,6 +389,7 @@ class Tracker:
                 if self._link.up:
                     backoff_s = 0.1
         finally:
+            self._voucher.close()  # before the producer it writes with
             self._shutdown()
 
     def _coordinator_known(self) -> bool:
@@ -554,13 +561,34 @@ class Tracker:
         # the second entry as a PROBE it does not know, and passes over it.
         owns = owns_text(self._nonce, self._states)
         probe = int(MarkerType.PROBE)
-        for partition in range(self._partition_count(self.config.marker_topic)):
+        self._beacon_partitions = self._partition_count(self.config.marker_topic)
+        for partition in range(self._beacon_partitions):
             text = beacon_text(self._nonce, known, sent_ms, self._acked.get(partition))
             entries: list[Entry] = [
                 (probe, 0, partition, sent_ms, 0, 0, 0, len(text)),
                 (probe, 0, partition, sent_ms, 0, 0, 0, len(owns)),
             ]
             self._send_probe(partition, entries, [text, owns])
+
+    def _vouch_due(self, now: float, last: float) -> bool:
+        return (
+            self._beacon_partitions > 0
+            and self._link.up
+            and vouch_due(now, self._next_beacon, last, self._last_turn)
+        )
+
+    def _vouch(self, now: float) -> None:
+        """On the voucher's thread (:mod:`tracker.vouch`), while the loop is busy: the owns
+        entry of the beacon it is late with, to every markers partition, alone in a
+        record. Reads only what one dict copy and plain attributes give, and writes with
+        the (thread-safe) plain producer."""
+        owns = owns_text(self._nonce, frozenset(self._states))  # RuntimeError: next time
+        sent_ms, probe = floor_ms(now), int(MarkerType.PROBE)
+        for partition in range(self._beacon_partitions):
+            entry: Entry = (probe, 0, partition, sent_ms, 0, 0, 0, len(owns))
+            value = encode_entries([entry], [owns])
+            self._producer.send(self.config.marker_topic, value=value, partition=partition)
+        self._retired["owns_vouched"] += 1
 
     def _adopt(self) -> None:
         """Take up the markers partitions whose owner has fallen silent (see

@@ -40,11 +40,12 @@ from tracker.fencing import FenceWatch, PartitionWriters, Tenure, transactional_
 from tracker.handover import BEACON_S, ClockBounds, parse_beacon, parse_tick
 from tracker.health import BrokerLink
 from tracker.notices import UnreadNotices
-from tracker.orphans import OwnerWatch, parse_owns
+from tracker.orphans import OwnerWatch, owns_text, parse_owns
 from tracker.readers import LiveReaders
 from tracker.redeliver import Redeliverer, copy_of
 from tracker.reread import ReadResult, Record
 from tracker.state import Due, PartitionState
+from tracker.vouch import VOUCH_TURN_S
 
 CONFIG = TrackerConfig(
     "localhost:9092",
@@ -993,6 +994,59 @@ def test_a_replica_writes_a_beacon_to_every_markers_partition_each_second() -> N
     assert t._next_beacon >= time.monotonic() + BEACON_S - 1.0
     t._probe()
     assert len(producer.sent) == 4, "the next one a second later"
+
+
+def test_a_busy_loop_is_vouched_for_and_its_partitions_stay_held_elsewhere() -> None:
+    """While the loop is in a long turn (a slow redelivery round), the voucher writes the
+    owns entry its beacon would have carried, alone in a record, to every partition the
+    last beacon went to; another replica reading it sees the partitions held, and adopts
+    none of them, where without it they are orphans after the silence."""
+    h = Harness(partitions=(0, 1))
+    t = h.tracker
+    producer = StubTxnProducer()
+    raw: Any = t
+    raw._producer = producer
+    t._acked = {}
+    t._beacon_partitions = 0
+    t._retired = Counter()
+    never = float("-inf")
+    assert not t._vouch_due(time.monotonic(), never), "no beacon yet: no partitions to write to"
+    t._probe()  # the loop's beacon
+    beacon_records = len(producer.sent)
+    t._last_turn = time.monotonic()  # a turn begins, and lasts
+    late = t._next_beacon + 0.5
+    assert t._vouch_due(late, never)
+    t._vouch(late)
+    vouched = producer.sent[beacon_records:]
+    assert [s.partition for s in vouched] == [0, 1, 2, 3]
+    for entries, texts in (parse(s.value) for s in vouched):
+        assert len(entries) == 1 and entries[0][0] == MarkerType.PROBE and entries[0][4] == 0
+        assert parse_owns(texts[0]) == (t._nonce, frozenset({0, 1}))
+    assert t.stats()["owns_vouched"] == 1
+    assert not t._vouch_due(t._last_turn + VOUCH_TURN_S, late), "a stuck turn is not"
+
+    def other(read: list[tuple[float, bytes]]) -> OwnerWatch:
+        """Another replica holding partition 3: its own beacons at 0.0 .. 4.0 (its clock),
+        and ``read``: (when, record value) of this replica's records on partition 3."""
+        watch = OwnerWatch(own=55, silence_s=2.0)
+        state = PartitionState(3, probe_nonce=55, owners=watch)
+        state.set_position(0)
+        state.set_end_offset(0)
+        records: list[tuple[float, bytes]] = [
+            (at, encode_entries([(int(MarkerType.PROBE), 0, 3, int(at * 1000), 0, 0, 0,
+                                  len(owns_text(55, {3})))], [owns_text(55, {3})]))
+            for at in (0.0, 1.0, 2.0, 3.0, 4.0)
+        ]  # fmt: skip
+        for offset, (at, value) in enumerate(sorted(records + read, key=lambda r: r[0])):
+            state.on_record(offset, value, at)
+        return watch
+
+    beacon = producer.sent[3].value  # this replica's beacon + owns record to partition 3
+    vouch = vouched[3].value
+    assert other([(0.5, beacon)]).orphans(4.0, {3}) == [0, 1], "silent since 0.5: adopted"
+    kept = other([(0.5, beacon), (1.5, vouch), (2.5, vouch), (3.5, vouch)])
+    assert kept.orphans(4.0, {3}) == [], "vouched for: held by a live replica"
+    assert kept.held_elsewhere(4.0) == {0, 1}
 
 
 def test_a_replica_holding_no_partition_writes_beacons_too() -> None:
