@@ -33,6 +33,13 @@ MAX_OWNED = 4096
 early; the group still moves them)."""
 
 
+STALE_VIEW_S = 15.0
+"""How long without reading an own beacon back a replica's view of who holds what still
+counts: longer than one turn of a busy run loop (up to 11.8 s in full chaos run 51, where a
+2 s bound let a replica that had just ended a 3 s turn take a partition back from a live
+adopter)."""
+
+
 def owns_text(clock: int, partitions: Iterable[int]) -> bytes:
     """The text of an *owns* entry: the replica whose clock is ``clock`` (its beacon's)
     holds ``partitions``."""
@@ -124,10 +131,10 @@ class OwnerWatch:
     def held_elsewhere(self, now: float) -> set[int]:
         """The partitions another replica named last, within :attr:`silence_s` before the
         newest own beacon read back: held by a live replica. None while that beacon is
-        itself older than :attr:`silence_s` at ``now``: a replica that reads nothing new
-        (it holds no other partition, say) cannot tell whether that replica still lives."""
+        older than :data:`STALE_VIEW_S` at ``now``: a replica that reads nothing new (it
+        holds no other partition, say) cannot tell whether that replica still lives."""
         current, silence, own = self._current, self.silence_s, self.own
-        if now - current >= silence:
+        if now - current >= STALE_VIEW_S:
             return set()
         return {
             partition

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from kmq.markers import MarkerType, encode_entries
 from tracker.handover import beacon_text
-from tracker.orphans import MAX_OWNED, OwnerWatch, owns_text, parse_owns
+from tracker.orphans import MAX_OWNED, STALE_VIEW_S, OwnerWatch, owns_text, parse_owns
 from tracker.state import PartitionState, floor_ms
 
 SILENCE_S = 2.0
@@ -143,9 +143,11 @@ def test_a_replica_that_reads_nothing_new_knows_of_no_partition_held_elsewhere()
     w.heard(OTHER, frozenset({1}), 0.5, 0.6)
     w.heard(ME, frozenset({0}), 1.0, 1.1)
     assert w.held_elsewhere(1.5) == {1}
-    # No own beacon read back since 1.0: whether OTHER still lives is not known here.
-    assert w.held_elsewhere(1.0 + SILENCE_S - 0.01) == {1}
-    assert w.held_elsewhere(1.0 + SILENCE_S) == set()
+    # A turn of a few seconds without reading (a slow redelivery round) changes nothing.
+    assert w.held_elsewhere(1.0 + 3 * SILENCE_S) == {1}
+    # No own beacon read back for long: whether OTHER still lives is not known here.
+    assert w.held_elsewhere(1.0 + STALE_VIEW_S - 0.01) == {1}
+    assert w.held_elsewhere(1.0 + STALE_VIEW_S) == set()
 
 
 def test_partitions_the_group_just_gave_to_another_are_not_adopted_until_it_is_silent() -> None:
