@@ -970,13 +970,18 @@ def test_the_markers_poll_wait_is_the_earliest_of_every_partition() -> None:
     assert states[1].next_deadline(after=50.75) is None
 
 
-def test_a_replica_writes_a_beacon_to_every_markers_partition_each_second() -> None:
-    h = Harness(partitions=(0, 1))
-    t = h.tracker
+def beaconing(partitions: tuple[int, ...]) -> tuple[Tracker, StubTxnProducer]:
+    """A harnessed replica holding ``partitions`` whose plain producer is a stub."""
+    t = Harness(partitions=partitions).tracker
     producer = StubTxnProducer()
     raw: Any = t
     raw._producer = producer
     t._acked = {}
+    return t, producer
+
+
+def test_a_replica_writes_a_beacon_to_every_markers_partition_each_second() -> None:
+    t, producer = beaconing((0, 1))
     t._next_beacon = time.monotonic() + 3600  # not due
     t._probe()
     assert producer.sent == []
@@ -1001,12 +1006,7 @@ def test_a_busy_loop_is_vouched_for_and_its_partitions_stay_held_elsewhere() -> 
     owns entry its beacon would have carried, alone in a record, to every partition the
     last beacon went to; another replica reading it sees the partitions held, and adopts
     none of them, where without it they are orphans after the silence."""
-    h = Harness(partitions=(0, 1))
-    t = h.tracker
-    producer = StubTxnProducer()
-    raw: Any = t
-    raw._producer = producer
-    t._acked = {}
+    t, producer = beaconing((0, 1))
     t._beacon_partitions = 0
     t._retired = Counter()
     never = float("-inf")
@@ -1052,12 +1052,7 @@ def test_a_busy_loop_is_vouched_for_and_its_partitions_stay_held_elsewhere() -> 
 def test_a_replica_holding_no_partition_writes_beacons_too() -> None:
     """Its beacons, read back in the replay of a partition it is given later, bound that
     partition's leases on its own clock (tracker.handover)."""
-    h = Harness(partitions=())
-    t = h.tracker
-    producer = StubTxnProducer()
-    raw: Any = t
-    raw._producer = producer
-    t._acked = {}
+    t, producer = beaconing(())
     t._probe()
     assert [s.partition for s in producer.sent] == [0, 1, 2, 3]
     for entries, texts in (parse(s.value) for s in producer.sent):
