@@ -71,7 +71,6 @@ class Voucher:
         self._stop = threading.Event()
         self.last = float("-inf")
         """When it last vouched (monotonic)."""
-        self.count = 0
         self._thread = threading.Thread(target=self._run, name="kmq-tracker-vouch", daemon=True)
 
     def start(self) -> Voucher:
@@ -88,7 +87,6 @@ class Voucher:
             log.debug("owns entries not vouched (%r)", exc)
             return False
         self.last = now
-        self.count += 1
         return True
 
     def _run(self) -> None:
