@@ -560,7 +560,6 @@ def _check_redeliveries(
             before = last_redelivery[key]
             last_redelivery[key] = record
             previous = before.timestamp_s
-            restarted = _after(key_starts, before, record)
             if any(previous - 1 <= k <= at for k in tracker_kills) or checker.fault_between(
                 previous, at
             ):
@@ -572,6 +571,7 @@ def _check_redeliveries(
                 # at-least-once duplicate), and that duplicate delivery was nacked.
                 report.causes["renacked"] += 1
                 continue
+            restarted = _after(key_starts, before, record)
             if not restarted or marker.reason != LEASE_EXPIRED_REASON:
                 report.causes["unexplained"] += 1
                 report.unexplained.append(
