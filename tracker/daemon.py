@@ -505,6 +505,7 @@ class Tracker:
             and not any(s.replaying for s in self._states.values())
         ):
             log.info("caught up on partitions %s", self.partitions())
+            self._retired["caught_up"] += 1
             self._caught_up.set()
 
     def _watch_stall(self, partition: int, position: int, highwater: int | None) -> None:
@@ -1046,6 +1047,7 @@ class Tracker:
         """``assigned``: the whole assignment (eager), or what it gained (cooperative), in
         ``generation`` (None: not known)."""
         self._assignment_known = True
+        self._retired["assignments"] += 1
         kept, self._kept = self._kept, set()
         gone = sorted(p for p in kept - set(assigned) if p in self._states)
         if gone:

@@ -524,8 +524,11 @@ def test_a_tracker_frozen_past_its_session_does_not_redeliver_on_waking(
         os.kill(zombie.pid, signal.SIGCONT)
     # Awake, it finds out it was replaced (fenced, or told by the group), rejoins and gets a
     # share of the partitions again: a zombie recovers by itself.
-    zombie.wait_for("assigned partitions", 30, count=2)
-    zombie.wait_for("caught up", 30, count=2)
+    wait_until(
+        lambda: event_count(port, "assignments") >= 2 and event_count(port, "caught_up") >= 2,
+        30,
+        "the zombie to be assigned partitions again and to catch up on them",
+    )
     assert not [line for line in zombie.lines if ": redelivered " in line]
     copies = Counter(
         message_id for message_id, attempt in queue_records(broker, topics.retry) if attempt > 1

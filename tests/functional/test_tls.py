@@ -16,7 +16,7 @@ import kmq
 from kmq.cli import main as kmq_cli
 from kmq.dev.embedded import EmbeddedBroker, free_port
 from tests.functional.conftest import Topics, tracker_argv
-from tests.functional.helpers import Children
+from tests.functional.helpers import Children, get, scrape, total, wait_until
 from tests.functional.tls import TlsTerminator, make_ca, make_server_cert
 from tracker.config import TrackerConfig
 
@@ -122,11 +122,12 @@ def test_tracker_redelivers_over_tls(
         commit_interval_s=0.2,
     )
     # kmq-tracker with its security flags (the CA through the environment variable's flag).
-    tracker = children.python(
-        "tracker", *tracker_argv(config),
+    port = free_port()
+    children.python(
+        "tracker", *tracker_argv(config, port),
         "--security-protocol", "SSL", "--ssl-cafile", str(tls_broker.ca_file),
     )  # fmt: skip
-    tracker.wait_for("caught up", 20)
+    wait_until(lambda: get(port, "/readyz")[0] == 200, 20, "the tracker to catch up over TLS")
     with _service(tls_broker, tls_topics) as svc:
         q = svc.queue("tls-redeliver")
         sent = q.producer().send(b"again")
@@ -138,7 +139,11 @@ def test_tracker_redelivers_over_tls(
             assert again is not None, "the tracker did not redeliver over TLS"
             assert (again.id, again.attempt, again.payload) == (sent, 2, b"again")
             again.ack()
-    tracker.wait_for(": redelivered ", 5)
+    def redelivered() -> float:
+        return total(scrape(port), "kmq_tracker_redeliveries_total")
+
+    wait_until(lambda: redelivered() >= 1, 5, "the tracker to count its redelivery")
+    assert redelivered() == 1
 
 
 def _first_send_fails(svc: kmq.Service) -> tuple[kmq.BrokerError, float]:

@@ -172,8 +172,7 @@ def test_kafka_lost_mid_run_is_one_line_each_way_and_readiness_follows(
                 "--request-timeout-ms", "3000",
                 "--metrics-port", str(port),
             )  # fmt: skip
-            tracker.wait_for("caught up", 30)
-            wait_until(lambda: get(port, "/readyz")[0] == 200, 15, "ready")
+            wait_until(lambda: get(port, "/readyz")[0] == 200, 45, "ready (caught up)")
 
             upstream = proxy.upstream_port
             assert upstream is not None
