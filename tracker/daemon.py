@@ -49,7 +49,7 @@ from tracker.readers import LATELY_S, LiveReaders
 from tracker.redeliver import TXN_TIMEOUT_S, Copy, Redeliverer, RoundOutcome, copy_of
 from tracker.reread import FETCH_WAIT_MS, RecordReader
 from tracker.stall import Change, Stall
-from tracker.state import Due, PartitionState, floor_ms
+from tracker.state import Due, PartitionState, floor_ms, share_budget
 from tracker.view import TrackerView, partition_view
 from tracker.vouch import Voucher, vouch_due
 
@@ -638,16 +638,17 @@ class Tracker:
         if not self._pauses.caught_up.is_set():
             return  # copies go where the queue's layout says: know it first
         budget = self.config.max_redeliveries_per_round
-        due: list[Due] = []
         self._writers.claim_many(self._states)  # those not claimed yet
+        deadlines: dict[int, list[float]] = {}
         for partition, state in self._states.items():
-            if len(due) >= budget:
-                break
             if partition in self._reclaim and not self._reclaimed(partition, state):
                 continue
             if self._writers.get(partition) is None:
                 continue  # not fenced in yet: it must not redeliver from this partition
-            due.extend(state.due(now, budget - len(due)))
+            deadlines[partition] = state.due_deadlines(now, budget)
+        due: list[Due] = []
+        for partition, count in share_budget(deadlines, budget).items():
+            due.extend(self._states[partition].due(now, count))
         if not due:
             return
         try:

@@ -10,10 +10,12 @@ which the adapter re-reads from the queue or retry topic to redeliver it.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import operator
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from sortedcontainers import SortedKeyList, SortedList
@@ -111,6 +113,17 @@ PROBE_RETRY_S = 1.0
 YOUNG_S = 0.5
 """How long a START waits, held aside, for its END before it gets a lease of its own (see
 :attr:`PartitionState.young_s`)."""
+
+
+def share_budget(deadlines: Mapping[int, list[float]], budget: int) -> dict[int, int]:
+    """How many of each partition's due redeliveries (their ``deadlines``, earliest first)
+    one round takes within ``budget``: the earliest deadlines of all partitions together,
+    so that under a backlog no partition waits behind another's (oldest due goes first)."""
+    taken: Counter[int] = Counter()
+    merged = heapq.merge(*([(d, p) for d in ds] for p, ds in deadlines.items()))
+    for _, partition in itertools.islice(merged, max(budget, 0)):
+        taken[partition] += 1
+    return dict(taken)
 
 
 def floor_ms(t: float) -> int:
@@ -508,6 +521,20 @@ class PartitionState:
                     else "",
                 )
             )
+        return out
+
+    def due_deadlines(self, now: float, limit: int = 1000) -> list[float]:
+        """The deadlines of what :meth:`due` would return now, earliest first, without
+        taking anything: what :func:`share_budget` weighs partitions by."""
+        if self.replaying:
+            return []
+        self._promote_aged(now)
+        cutoff = min(now, self.horizon)
+        out: list[float] = []
+        for inflight in self._deadlines.islice(0, limit):
+            if inflight.deadline > cutoff:
+                break
+            out.append(float(inflight.deadline))
         return out
 
     def probe_needed(self, now: float) -> bool:

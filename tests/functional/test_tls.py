@@ -139,6 +139,7 @@ def test_tracker_redelivers_over_tls(
             assert again is not None, "the tracker did not redeliver over TLS"
             assert (again.id, again.attempt, again.payload) == (sent, 2, b"again")
             again.ack()
+
     def redelivered() -> float:
         return total(scrape(port), "kmq_tracker_redeliveries_total")
 

@@ -29,7 +29,15 @@ from kmq.markers import (
 )
 from kmq.markers_v1 import encode_batch_v1, encode_v1
 from kmq.records import delivery_key, fits_key
-from tracker.state import PROBE_RETRY_S, YOUNG_S, Delivery, Due, PartitionState, floor_ms
+from tracker.state import (
+    PROBE_RETRY_S,
+    YOUNG_S,
+    Delivery,
+    Due,
+    PartitionState,
+    floor_ms,
+    share_budget,
+)
 
 PARTITION = 2
 DEFAULT_LEASE_S = 30.0
@@ -705,6 +713,64 @@ def test_due_respects_limit_and_deadline_order() -> None:
     first = state.due(10, limit=2)
     assert [d.delivery for d in first] == [(0, 0, 1), (0, 0, 2)]
     assert [d.delivery for d in state.due(10)] == [(0, 0, 0)]
+
+
+def test_due_deadlines_peek_at_what_due_takes_without_taking_it() -> None:
+    state = caught_up()
+    for i, lease_ms in enumerate([3000, 1000, 2000]):
+        feed(state, marker(S, (0, 0, i), after_ms=lease_ms), 0)
+    assert state.due_deadlines(2.5, limit=5) == [1.0, 2.0]
+    assert state.due_deadlines(10, limit=2) == [1.0, 2.0]
+    assert [d.delivery for d in state.due(10, limit=2)] == [(0, 0, 1), (0, 0, 2)]
+    assert state.due_deadlines(10) == [3.0]
+    assert state.due_deadlines(2.9) == []
+
+
+def test_due_deadlines_are_empty_while_replaying() -> None:
+    state = PartitionState(PARTITION, default_lease_s=DEFAULT_LEASE_S)
+    state.set_position(0)
+    state.set_end_offset(5)  # the replay gate: closed until offset 5 is read
+    feed(state, marker(S, after_ms=1000), 0)
+    assert state.replaying
+    assert state.due_deadlines(10) == [] == state.due(10)
+
+
+@pytest.mark.parametrize(
+    ("deadlines", "budget", "shares"),
+    [
+        ({}, 10, {}),
+        ({0: [1.0, 2.0], 1: []}, 10, {0: 2}),
+        # Partition 0 first in order, but partition 1's deadlines are older.
+        ({0: [5.0, 6.0, 7.0], 1: [1.0, 2.0]}, 3, {1: 2, 0: 1}),
+        ({0: [1.0, 3.0, 5.0], 1: [2.0, 4.0, 6.0]}, 4, {0: 2, 1: 2}),
+        ({0: [1.0], 1: [1.0]}, 0, {}),
+    ],
+)
+def test_share_budget_takes_the_oldest_deadlines_of_all_partitions(
+    deadlines: dict[int, list[float]], budget: int, shares: dict[int, int]
+) -> None:
+    assert share_budget(deadlines, budget) == shares
+
+
+@given(
+    st.dictionaries(
+        st.integers(0, 7),
+        st.lists(st.floats(0, 100, allow_nan=False)).map(sorted),
+        max_size=8,
+    ),
+    st.integers(0, 50),
+)
+def test_share_budget_leaves_no_deadline_older_than_one_it_takes(
+    deadlines: dict[int, list[float]], budget: int
+) -> None:
+    shares = share_budget(deadlines, budget)
+    total = sum(map(len, deadlines.values()))
+    assert sum(shares.values()) == min(budget, total)
+    taken = [d for p, ds in deadlines.items() for d in ds[: shares.get(p, 0)]]
+    left = [d for p, ds in deadlines.items() for d in ds[shares.get(p, 0) :]]
+    assert all(0 < n <= len(deadlines[p]) for p, n in shares.items())
+    if taken and left:
+        assert max(taken) <= min(left)
 
 
 # -- hypothesis ------------------------------------------------------------------------------
