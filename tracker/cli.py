@@ -69,6 +69,14 @@ from tracker.config import TrackerConfig
     "--stats-interval-s", envvar="KMQ_STATS_INTERVAL_S", show_envvar=True, type=float, default=30.0
 )
 @click.option(
+    "--max-redeliveries-per-round",
+    envvar="KMQ_MAX_REDELIVERIES_PER_ROUND",
+    show_envvar=True,
+    type=click.IntRange(min=1),
+    default=TrackerConfig.max_redeliveries_per_round,
+    help="Most deliveries one loop turn redelivers (those due longest first).",
+)
+@click.option(
     "--max-message-bytes",
     envvar="KMQ_MAX_MESSAGE_BYTES",
     show_envvar=True,
@@ -166,6 +174,7 @@ def main(
     rebalance: str,
     commit_interval_s: float,
     stats_interval_s: float,
+    max_redeliveries_per_round: int,
     max_message_bytes: int,
     transactional: bool | None,
     request_timeout_ms: int,
@@ -194,6 +203,7 @@ def main(
             rebalance=rebalance,
             commit_interval_s=commit_interval_s,
             stats_interval_s=stats_interval_s,
+            max_redeliveries_per_round=max_redeliveries_per_round,
             max_message_bytes=max_message_bytes,
             security=security,
             request_timeout_ms=request_timeout_ms,

@@ -330,11 +330,13 @@ def test_tracker_flags_and_environment(monkeypatch: pytest.MonkeyPatch, pem: Pat
         "KMQ_SASL_MECHANISM": "SCRAM-SHA-256",
         "KMQ_SASL_PLAIN_USERNAME": "alice",
         "KMQ_SASL_PLAIN_PASSWORD": SASL_SECRET,
+        "KMQ_MAX_REDELIVERIES_PER_ROUND": "2000",
     }
     result = CliRunner().invoke(tracker_main, [], env=env)
     assert result.exit_code == 1, result.output
     assert "Error: cannot connect to Kafka at h:1" in result.output
     assert "Traceback" not in result.output
+    assert seen[0].max_redeliveries_per_round == 2000
     security = seen[0].security
     assert security == KafkaSecurity(
         security_protocol="SASL_SSL",
