@@ -495,12 +495,11 @@ class PartitionState:
     def due(self, now: float, limit: int = 1000) -> list[Due]:
         """Redeliveries whose deadline has passed, by the clock and by the log (see
         :attr:`horizon`); none while replaying."""
-        if self.replaying:
+        cutoff = self._due_cutoff(now)
+        if cutoff is None:
             return []
-        self._promote_aged(now)
         out: list[Due] = []
         deadlines = self._deadlines
-        cutoff = min(now, self.horizon)
         while deadlines and len(out) < limit:
             inflight = deadlines[0]
             if inflight.deadline > cutoff:
@@ -526,16 +525,23 @@ class PartitionState:
     def due_deadlines(self, now: float, limit: int = 1000) -> list[float]:
         """The deadlines of what :meth:`due` would return now, earliest first, without
         taking anything: what :func:`share_budget` weighs partitions by."""
-        if self.replaying:
+        cutoff = self._due_cutoff(now)
+        if cutoff is None:
             return []
-        self._promote_aged(now)
-        cutoff = min(now, self.horizon)
         out: list[float] = []
         for inflight in self._deadlines.islice(0, limit):
             if inflight.deadline > cutoff:
                 break
             out.append(float(inflight.deadline))
         return out
+
+    def _due_cutoff(self, now: float) -> float | None:
+        """The latest deadline due now, by the clock and by the log; None while replaying
+        (nothing is due then)."""
+        if self.replaying:
+            return None
+        self._promote_aged(now)
+        return min(now, self.horizon)
 
     def probe_needed(self, now: float) -> bool:
         """Whether a deadline has passed by the clock but not yet by the log, and no probe
