@@ -59,7 +59,8 @@ from tracker.config import TrackerConfig
     type=click.Choice(["cooperative", "eager"]),
     default="eager",
     help="eager (sticky): every replica gives up every partition at every rebalance but "
-    "keeps serving it until the next assignment, which mostly gives it back. cooperative: "
+    "keeps reading it (redelivering nothing) until the next assignment, which mostly gives it "
+    "back. cooperative: "
     "only what must move moves (not yet the default; see the README).",
 )
 @click.option(

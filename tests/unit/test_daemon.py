@@ -100,7 +100,6 @@ class StubGroupConsumer:
         self.paused_tps |= set(tps)
 
 
-
 class StubPauses:
     def __init__(self) -> None:
         self.caught_up = threading.Event()
@@ -184,6 +183,7 @@ class Harness:
         self.group = t._kc = t._mc = StubGroupConsumer()
         self.group.assigned = set(partitions)
         t._kept = set()
+        t._rebalancing = False
         t._reclaim = set()
         t._reading = set(partitions)
         t._seek = set()
@@ -481,27 +481,58 @@ def test_a_fenced_partition_the_group_moves_away_is_not_taken_up() -> None:
 REBALANCING = GROUP_METADATA._replace(generation_id=-1, state=MemberState.REBALANCING)
 
 
-def test_an_eager_rebalance_keeps_reading_and_redelivering_until_the_assignment() -> None:
+def test_an_eager_rebalance_keeps_reading_but_redelivers_nothing_until_the_assignment() -> None:
     """An eager rebalance takes every partition from every replica, mostly to give them
-    back, and can last a session timeout and more. Until the next assignment the replica
-    keeps its partitions: it still redelivers from them (fenced if another replica claims
-    one), with no offset commit in the transaction, as the group has no settled generation."""
+    back. Until the next assignment the replica keeps its partitions and reads them, but
+    redelivers from none: another replica given one may claim it at any moment, and on the
+    embedded broker a claim that ends a transaction while its holder commits it holds the
+    partition's readers for good. The assignment lets the due deliveries go."""
     h = Harness(partitions=(0, 1))
     h.claim(0, 1)
     t = h.tracker
+    t._on_assigned([0, 1], 5)
     t._on_revoked([0, 1])
     assert h.group.commits == [{0: 10, 1: 10}], "what is settled is committed at the revoke"
     h.group.assigned = set()
     h.group.metadata = REBALANCING
     assert t.partitions() == [0, 1] and t._kept == {0, 1}
+    made = {p: len(h.producers.made[p]) for p in (0, 1)}
     t._redeliver()
     for p in (0, 1):
-        txn = h.producers.last(p)
-        assert h.states[p].stats["redeliveries"] == 1 and h.states[p].in_flight == 0
-        assert txn.offsets == [] and txn.calls[-1] == "commit_transaction"
+        assert h.states[p].stats["redeliveries"] == 0 and h.states[p].in_flight == 1
+        assert "begin_transaction" not in h.producers.last(p).calls, "no transaction"
+        assert len(h.producers.made[p]) == made[p], "and no claim"
+    assert t.stats()["rebalance_held"] == 1, "one round held back, and counted"
     t._commit(force=True)
     assert h.group.commits == [{0: 10, 1: 10}], "nothing committed while unsettled"
     assert t.stats()["partitions_revoked"] == 0
+    h.group.assigned = {0, 1}
+    h.group.metadata = GROUP_METADATA._replace(generation_id=6)
+    t._on_assigned([0, 1], 6)
+    t._redeliver()
+    for p in (0, 1):
+        assert h.states[p].stats["redeliveries"] == 1 and h.states[p].in_flight == 0
+        assert h.producers.last(p).calls[-1] == "commit_transaction"
+    t._on_revoked([0, 1])
+    t._redeliver()
+    assert t.stats()["rebalance_held"] == 1, "nothing due: nothing held back"
+
+
+def test_an_adopted_partition_is_not_redelivered_from_during_a_rebalance() -> None:
+    """The assignment may give an adopted partition to another replica, which claims it
+    at once: the adopter holds it back from the revoke to the assignment as well."""
+    h = Harness(partitions=(0, 1))
+    t = h.tracker
+    h.claim(0, 1)
+    now = time.monotonic()
+    silent_owner_of_2(h).heard(t._nonce, frozenset({0, 1}), now - 0.2, now - 0.1)
+    t._adopt()
+    adopted = t._states[2] = expired_state(2)  # a lease of the silent owner's, due
+    t._on_revoked([0, 1])
+    t._redeliver()
+    assert adopted.stats["redeliveries"] == 0 and adopted.in_flight == 1
+    t._on_assigned([0, 1], GROUP_METADATA.generation_id + 1)
+    assert 2 not in t._states, "not assigned: given up"
 
 
 def test_kept_partitions_assigned_again_are_claimed_again_and_the_rest_dropped() -> None:
