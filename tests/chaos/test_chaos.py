@@ -55,7 +55,7 @@ import pytest
 
 import kmq
 from kmq.config import retry_topic_for
-from kmq.dev.embedded import EmbeddedBroker
+from kmq.dev.embedded import EmbeddedBroker, free_port
 from kmq.topics import ensure_topics
 from tests.chaos.ledger import (
     Incarnation,
@@ -71,7 +71,7 @@ from tests.chaos.ledger import (
 from tests.chaos.proxy import FaultProxy
 from tests.chaos.roles import SEND_TRIES
 from tests.functional.conftest import tracker_argv
-from tests.functional.helpers import Child, Children
+from tests.functional.helpers import Child, Children, event_count, wait_until
 from tracker.config import TrackerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -394,9 +394,12 @@ def test_chaos(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
             rebalance=params.tracker_rebalance,
         )
 
+        metrics_ports: dict[str, int] = {}  # tracker name: the port its /metrics is on
+
         def argv(slot: Slot, name: str) -> list[str]:
             if slot.kind == "tracker":
-                return tracker_argv(tracker_config)
+                metrics_ports[name] = free_port()
+                return tracker_argv(tracker_config, metrics_ports[name])
             common = [
                 "-m", "tests.chaos.worker", slot.kind,
                 "--bootstrap-servers", bootstrap,
@@ -424,8 +427,12 @@ def test_chaos(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
 
         cluster = Cluster(children, argv)
         trackers = [cluster.spawn(s) for s in cluster.add("tracker", params.trackers)]
+
+        def caught_up(name: str) -> Callable[[], bool]:
+            return lambda: event_count(metrics_ports[name], "caught_up") >= 1
+
         for child in trackers:
-            child.wait_for("caught up", 60)
+            wait_until(caught_up(child.name), 60, f"{child.name} to catch up")
         workers = [cluster.spawn(s) for s in cluster.add("worker", params.workers, WORKER_SKEWS_S)]
         for child in workers:
             child.wait_for("ready", 60)

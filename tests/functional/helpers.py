@@ -240,3 +240,15 @@ def total(metrics: Metrics, name: str, **labels: str) -> float:
     """The sum over partitions of ``name``'s samples with ``labels``."""
     want = set(labels.items())
     return sum(v for k, v in metrics.get(name, {}).items() if want <= k)
+
+
+def metric(port: int, name: str, **labels: str) -> float:
+    """``name`` summed over its samples with ``labels``; -1 while the tracker does not serve
+    /metrics yet."""
+    status, body = get(port, "/metrics")
+    return total(parse_metrics(body), name, **labels) if status == 200 else -1.0
+
+
+def event_count(port: int, event: str) -> float:
+    """A tracker's ``stats:`` count ``event`` (kmq_tracker_events_total); -1 as metric."""
+    return metric(port, "kmq_tracker_events_total", event=event)

@@ -32,11 +32,12 @@ from tests.functional.conftest import (
 from tests.functional.helpers import (
     Child,
     Children,
+    event_count,
     get,
+    metric,
     parse_metrics,
     read_markers,
     read_records,
-    total,
     wait_until,
 )
 from tracker.config import TrackerConfig
@@ -104,13 +105,6 @@ def assert_nacked_message_comes_back(q: kmq.Queue) -> None:
 def ready(port: int) -> bool:
     """The tracker serving probes on ``port`` is a settled member that has caught up."""
     return get(port, "/readyz")[0] == 200
-
-
-def metric(port: int, name: str, **labels: str) -> float:
-    """``name`` summed over its samples with ``labels``; -1 while the tracker does not serve
-    /metrics yet."""
-    status, body = get(port, "/metrics")
-    return total(parse_metrics(body), name, **labels) if status == 200 else -1.0
 
 
 def redeliveries(port: int) -> float:
@@ -297,10 +291,6 @@ def owned(port: int) -> set[int]:
     status, body = get(port, "/metrics")
     samples = parse_metrics(body).get("kmq_tracker_in_flight_messages", {}) if status == 200 else {}
     return {int(dict(labels)["partition"]) for labels in samples}
-
-
-def event_count(port: int, event: str) -> float:
-    return metric(port, "kmq_tracker_events_total", event=event)
 
 
 def one_of_two_trackers_killed(
