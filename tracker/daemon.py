@@ -640,7 +640,7 @@ class Tracker:
         now = time.monotonic()
         if not self._pauses.caught_up.is_set():
             return  # copies go where the queue's layout says: know it first
-        if self._rebalancing:  # see _on_revoked
+        if self._holding():
             if any(state.due_deadlines(now, 1) for state in self._states.values()):
                 self._retired["rebalance_held"] += 1  # a round's worth held back
             return
@@ -788,6 +788,19 @@ class Tracker:
         self._reclaim.discard(partition)
         return True
 
+    def _holding(self) -> bool:
+        """Whether redelivery waits, because another replica may be claiming these
+        partitions right now (the reason is in :meth:`_on_revoked`): an eager rebalance is
+        under way (seen by the loop, or so far only by kafka-python, whose IO thread runs
+        the rebalance while a round goes on), or the group has dropped this replica (a
+        heartbeat or commit was told its member id or generation is gone)."""
+        if self._rebalancing:
+            return True
+        state = self._kc.group_metadata().state
+        if state is MemberState.UNJOINED:
+            return True
+        return state is MemberState.REBALANCING and self.config.rebalance != COOPERATIVE
+
     def _owned_now(self, partition: int) -> bool:
         """Whether the group gives this replica ``partition`` in a settled generation, so
         an offset commit for it can be accepted (partitions kept through a rebalance are
@@ -801,6 +814,11 @@ class Tracker:
         state = self._states.get(partition)
         txn = self._writers.get(partition)
         if state is None or txn is None:
+            return
+        if self._holding():  # it began after this round's start: the copies wait
+            self._retired["rebalance_held"] += 1
+            for copy in copies:
+                self._failed(copy.due)
             return
         offset = state.commit_offset(c.due.start_offset for c in copies)
         if not self._owned_now(partition):

@@ -518,6 +518,54 @@ def test_an_eager_rebalance_keeps_reading_but_redelivers_nothing_until_the_assig
     assert t.stats()["rebalance_held"] == 1, "nothing due: nothing held back"
 
 
+def test_a_replica_the_group_has_dropped_redelivers_nothing_until_it_has_joined_again() -> (
+    None
+):
+    """kafka-python marks the member UNJOINED as soon as a heartbeat or a commit is told
+    its member id is gone, before any revoke reaches the loop: its successor may be
+    claiming the partitions already."""
+    h = Harness(partitions=(0,))
+    h.claim(0)
+    t = h.tracker
+    h.group.metadata = GROUP_METADATA._replace(generation_id=-1, state=MemberState.UNJOINED)
+    t._redeliver()
+    assert h.states[0].stats["redeliveries"] == 0 and t.stats()["rebalance_held"] == 1
+    assert "begin_transaction" not in h.producers.last(0).calls
+    h.group.metadata = GROUP_METADATA
+    t._redeliver()
+    assert h.states[0].stats["redeliveries"] == 1
+
+
+def test_a_rebalance_that_begins_during_a_round_holds_the_transactions_not_begun() -> None:
+    """kafka-python runs the rebalance on its IO thread, so one can begin while a round
+    re-reads records: the partitions whose transaction has not begun wait, and their
+    deliveries come due again."""
+    h = Harness(partitions=(0,))
+    h.claim(0)
+    t = h.tracker
+    now = time.monotonic()
+    due = h.states[0].due(now, 10)
+    assert due
+    h.group.metadata = REBALANCING
+    t._redeliver_due(due, now)
+    assert h.states[0].stats["redeliveries"] == 0 and t.stats()["rebalance_held"] == 1
+    assert "begin_transaction" not in h.producers.last(0).calls
+    later = now + CONFIG.redelivery_retry_s + 1
+    assert h.states[0].due_deadlines(later, 10), "due again after the retry delay"
+
+
+def test_a_cooperative_rebalance_holds_nothing_back() -> None:
+    """A cooperative rebalance takes a partition away (revoke) before giving it to anyone,
+    so a replica redelivers from what it keeps all through it."""
+    h = Harness(partitions=(0,))
+    h.claim(0)
+    t = h.tracker
+    t.config = dataclasses.replace(CONFIG, rebalance="cooperative")
+    h.group.metadata = REBALANCING
+    t._redeliver()
+    assert h.states[0].stats["redeliveries"] == 1 and t.stats()["rebalance_held"] == 0
+
+
 def test_an_adopted_partition_is_not_redelivered_from_during_a_rebalance() -> None:
     """The assignment may give an adopted partition to another replica, which claims it
     at once: the adopter holds it back from the revoke to the assignment as well."""
