@@ -103,10 +103,11 @@ class Tracker:
         self._kept: set[int] = set()
         """Given up by an eager rebalance, or adopted from a silent owner (:meth:`_adopt`):
         read, never committed (fenced if another replica claims them), until the group's
-        next assignment says which stay. Adopted ones are redelivered from meanwhile."""
+        next assignment says which stay. Adopted ones are redelivered from meanwhile, but
+        not during a rebalance (:meth:`_holding`)."""
         self._rebalancing = False
         """An eager rebalance is under way (its revoke seen, its assignment not yet): no
-        redelivery at all until the assignment, see :meth:`_on_revoked`."""
+        redelivery at all until the assignment (:meth:`_holding`, :meth:`_on_revoked`)."""
         self._reclaim: set[int] = set()
         """Kept through a rebalance and assigned again: claim them again, and wait for a
         probe written since, before the next redelivery from them."""
