@@ -60,8 +60,7 @@ from tracker.config import TrackerConfig
     default="eager",
     help="eager (sticky): every replica gives up every partition at every rebalance but "
     "keeps reading it (redelivering nothing) until the next assignment, which mostly gives it "
-    "back. cooperative: "
-    "only what must move moves (not yet the default; see the README).",
+    "back. cooperative: only what must move moves (not yet the default; see the README).",
 )
 @click.option(
     "--commit-interval-s", envvar="KMQ_COMMIT_INTERVAL_S", show_envvar=True, type=float, default=1.0

@@ -35,9 +35,9 @@ class TrackerConfig:
     rebalance: str = EAGER
     """``"eager"`` (sticky): every replica gives up every partition at every rebalance, but
     keeps reading them (redelivering nothing) until the next assignment, which mostly
-    gives them back. ``"cooperative"``: a replica joining, leaving or dying moves only the markers
-    partitions that must move. Not the default: eager and cooperative replicas cannot share
-    a group, and it has had too few full chaos runs (see the README)."""
+    gives them back. ``"cooperative"``: a replica joining, leaving or dying moves only the
+    markers partitions that must move. Not the default: eager and cooperative replicas
+    cannot share a group, and it has had too few full chaos runs (see the README)."""
     request_timeout_ms: int = 30_000
     commit_interval_s: float = 1.0
     poll_timeout_ms: int = 100
