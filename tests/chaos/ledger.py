@@ -219,6 +219,10 @@ def read_ledgers(directory: Path, incarnations: Iterable[Incarnation]) -> Ledger
     return ledgers
 
 
+class TailStalled(AssertionError):
+    """A :class:`TopicTail` read nothing for its whole timeout short of the topic's end."""
+
+
 class TopicTail:
     """Reads a whole topic from the beginning, without a group, in increments."""
 
@@ -258,15 +262,16 @@ class TopicTail:
     def read_to_end(self, on_record: Callable[[Any], None], timeout_s: float) -> None:
         """Feed every record up to the high watermarks seen while reading to ``on_record``.
 
-        Fails if ``timeout_s`` passes without a record while the end is not reached (a long
-        topic may take longer than that in all), or after ``20 * timeout_s`` in any case.
+        Raises :class:`TailStalled` if ``timeout_s`` passes without a record while the end
+        is not reached (a long topic may take longer than that in all), or after
+        ``20 * timeout_s`` in any case. What was read until then has been fed.
         """
         now = time.monotonic()
         stalled_at, cap = now + timeout_s, now + 20 * timeout_s
         done: set[TopicPartition] = set()
         while len(done) < len(self._tps):
             if time.monotonic() > min(stalled_at, cap):
-                raise AssertionError(f"could not read {self.topic} to its end")
+                raise TailStalled(f"could not read {self.topic} to its end")
             for batch in self._consumer.poll(timeout_ms=200, max_records=50_000).values():
                 stalled_at = time.monotonic() + timeout_s
                 for record in batch:

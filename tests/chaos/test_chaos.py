@@ -64,6 +64,7 @@ from tests.chaos.ledger import (
     QueueLog,
     Report,
     RunLog,
+    TailStalled,
     TopicTail,
     check,
     read_ledgers,
@@ -480,11 +481,21 @@ def test_chaos(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
         for slot in [*cluster.of("tracker"), *cluster.of("worker")]:
             cluster.kill(slot, restart_after_s=None, chaos=False)
         cluster.reap()
+        stalled: list[str] = []
         marker_tail.refresh()  # the last markers were written after its last fetch
-        marker_tail.read_to_end(markers.add, timeout_s=120)
-        for tail, add in ((queue_tail, queue_log.add), (retry_tail, queue_log.add_copy)):
-            tail.refresh()
-            tail.read_to_end(add, timeout_s=120)  # after the markers: see MarkerLog.resolve
+        reads = [
+            (marker_tail, markers.add),
+            (queue_tail, queue_log.add),  # after the markers: see MarkerLog.resolve
+            (retry_tail, queue_log.add_copy),
+        ]
+        for tail, add in reads:
+            if tail is not marker_tail:
+                tail.refresh()
+            try:
+                tail.read_to_end(add, timeout_s=120)
+            except TailStalled as stall:
+                stalled.append(tail.topic)
+                say(f"chaos: {stall}; the ledger below counts only what was read")
         markers.resolve(queue_log)
         ledgers = read_ledgers(ledger_dir, cluster.incarnations)
         run = RunLog(
@@ -504,6 +515,7 @@ def test_chaos(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
             say(f"chaos: slow redelivery {delay:.1f} s beyond the lease: {what}")
 
     expected = params.messages
+    assert not stalled, f"could not read {stalled} to the end: {details}"
     assert report.messages == expected - ledgers.gave_up, details
     assert not report.lost, f"{len(report.lost)} messages lost: {details}"
     assert not report.acked_without_end, f"ack() returned without an END marker: {details}"
@@ -562,9 +574,15 @@ def _drain(
     marker_tail, queue_tail, retry_tail = tails
     markers, queue_log = logs
     while True:
-        marker_tail.read_to_end(markers.add, timeout_s=60)
-        queue_tail.read_to_end(queue_log.add, timeout_s=60)  # names what was just read
-        retry_tail.read_to_end(queue_log.add_copy, timeout_s=60)
+        try:
+            marker_tail.read_to_end(markers.add, timeout_s=60)
+            queue_tail.read_to_end(queue_log.add, timeout_s=60)  # names what was just read
+            retry_tail.read_to_end(queue_log.add_copy, timeout_s=60)
+        except TailStalled as stall:
+            # Run 56 lost its whole ledger to one such stall of the markers tail. A stall
+            # settles nothing, so ``drain_s`` still bounds the wait; the ledger then counts
+            # what the tails have read.
+            say(f"chaos drain: {stall} (nothing read for 60 s); reading on")
         markers.resolve(queue_log)
         still = len(sent.keys() - markers.settled)
         if still < missing:
