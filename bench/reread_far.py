@@ -1,15 +1,15 @@
 """The tracker's re-read on a long partition of small batches, under CPU load: the re-read
-consumer's settings ("old") against ones tried and reverted ("new"), on one embedded
-broker, reads alternated.
+consumer's old settings ("old") against the tracker's ("new"), on one embedded broker, reads
+alternated.
 
     .venv/bin/python -m bench.reread_far [--batches 120000] [--reads 10] [--busy 6]
 
 One partition holds ``--batches`` one-record batches (100-byte values, sent one at a time:
 what a slow producer leaves). ``--busy`` processes spin beside the broker, as a loaded
 machine's other processes would. Each read asks :class:`tracker.reread.RecordReader` for 5
-records among the last 300, first with the tracker's settings (``fetch_max_wait_ms`` 50,
-kafka-python's fetch sizes), then with the ones tried in 23354db and reverted (500 ms,
-256 KB). Printed: each side's read time p50 / max, the
+records among the last 300, first with the old settings (``fetch_max_wait_ms`` 50,
+kafka-python's fetch sizes), then with the tracker's (500 ms, 256 KB: tried in 23354db,
+reverted in 11a5e2c, restored since). Printed: each side's read time p50 / max, the
 records left for the next round (the scan's 5 s budget spent), and the broker's CPU per read
 (from /proc, so Linux only). Filling the partition took about a minute here.
 """
@@ -31,16 +31,16 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from kmq import kafka_clients
 from kmq.dev.embedded import EmbeddedBroker
 from kmq.records import delivery_key
-from tracker.reread import FETCH_WAIT_MS, RecordReader
+from tracker.reread import FETCH_MAX_BYTES, FETCH_WAIT_MS, RecordReader
 from tracker.state import Due
 
 _TOPIC = "reread-far"
 _SETTINGS: dict[str, dict[str, Any]] = {
-    "old": {"fetch_max_wait_ms": FETCH_WAIT_MS},  # the tracker's
-    "new": {  # tried in 23354db, reverted: see the README's Performance section
-        "fetch_max_wait_ms": 500,
-        "fetch_max_bytes": 256 * 1024,
-        "max_partition_fetch_bytes": 256 * 1024,
+    "old": {"fetch_max_wait_ms": 50},  # the tracker's from 11a5e2c until restored
+    "new": {  # the tracker's: see the README's Performance section
+        "fetch_max_wait_ms": FETCH_WAIT_MS,
+        "fetch_max_bytes": FETCH_MAX_BYTES,
+        "max_partition_fetch_bytes": FETCH_MAX_BYTES,
     },
 }
 

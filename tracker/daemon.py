@@ -47,7 +47,7 @@ from tracker.notices import UnreadNotices
 from tracker.orphans import OwnerWatch, owns_text
 from tracker.readers import LATELY_S, LiveReaders
 from tracker.redeliver import TXN_TIMEOUT_S, Copy, Redeliverer, RoundOutcome, copy_of
-from tracker.reread import FETCH_WAIT_MS, RecordReader
+from tracker.reread import FETCH_MAX_BYTES, FETCH_WAIT_MS, RecordReader
 from tracker.stall import Change, Stall
 from tracker.state import Due, PartitionState, floor_ms, share_budget
 from tracker.view import TrackerView, partition_view
@@ -229,6 +229,8 @@ class Tracker:
             auto_offset_reset="earliest",  # below the log start: read on, and call it gone
             isolation_level="read_committed",
             fetch_max_wait_ms=FETCH_WAIT_MS,
+            fetch_max_bytes=FETCH_MAX_BYTES,
+            max_partition_fetch_bytes=FETCH_MAX_BYTES,
         )
         opened.append(self._reader.close)
         self._producer = kafka_clients.producer(  # PROBE markers only: they change nothing

@@ -36,14 +36,25 @@ SCAN_RECORDS = 500
 SCAN_GAP = 5000
 """Offsets further apart than this are fetched by separate seeks, not one scan."""
 _MAX_PAST_END = 100_000
-FETCH_WAIT_MS = 50
+FETCH_WAIT_MS = 500
 """The re-read consumer's ``fetch_max_wait_ms``. A re-read fetches records that exist, so on
-Kafka it never waits. The embedded broker lists a partition's stored batches within this
-wait and answers with nothing if the list has not reached the fetch offset: on a partition
-of 120,000 one-record batches with four busy processes beside it, fetches 500 offsets from
-its end came back empty every time at 10 and 25 ms, 2 in 10 at 50, none at 100. Longer
-waits were tried and reverted (500 ms, 23354db): a fetch near a partition's end waits out
-the whole wait and holds up the next scan's fetch to that broker (README, Performance)."""
+Kafka it never waits. The embedded broker (Tansu 510f3e2, ``DynoStore::fetch``) lists a
+partition's stored batches from the first and stops listing once the fetch's wait has run
+out, answering with nothing if the list had not reached the fetch offset; the client fetches
+again at once, and the broker lists again. On a long partition of small batches beside busy
+processes a short wait is then a loop of empty fetches, each spending the broker's CPU on a
+listing: 500 offsets from the end of 120,000 one-record batches came back empty every time
+at 10 and 25 ms, 2 in 10 at 50. Full chaos run 49 (this setting) had no copy late for a
+slow tracker; runs 50 and 55 (50 ms) had 55 and 733. It was reverted once (11a5e2c) for a
+cost reasoned, not measured: a fetch that kafka-python sends ahead at a partition's end
+waits out the wait there and holds up the next scan's fetch to that broker (README,
+Performance)."""
+FETCH_MAX_BYTES = 256 * 1024
+"""The re-read consumer's fetch size (total and per partition). The embedded broker reads a
+fetch's batches from its offset up to the request's byte limit (5 MB at most), while a scan
+wants a few records near the offset it seeks to. Kafka answers with a first batch larger
+than this whole, and so does the embedded broker (a 300 KB record was re-read with 64 KB
+limits)."""
 
 
 class _Reader(Protocol):

@@ -245,7 +245,10 @@ class TopicTail:
             bootstrap_servers=self._bootstrap_servers,
             client_id="kmq-chaos-ledger",
             enable_auto_commit=False,
-            fetch_max_wait_ms=100,
+            # The embedded broker stops listing a partition's batches when a fetch's wait runs
+            # out and then answers with nothing (tracker.reread.FETCH_WAIT_MS): at 100 ms a
+            # loaded broker's long markers partitions gave run 56's tail nothing for 60 s.
+            fetch_max_wait_ms=1000,
         )
 
     def refresh(self) -> None:
