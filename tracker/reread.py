@@ -45,9 +45,10 @@ again at once, and the broker lists again. On a long partition of small batches 
 processes a short wait is then a loop of empty fetches, each spending the broker's CPU on a
 listing: 500 offsets from the end of 120,000 one-record batches came back empty every time
 at 10 and 25 ms, 2 in 10 at 50. Full chaos run 49 (this setting) had no copy late for a
-slow tracker; runs 50 and 55 (50 ms) had 55 and 733. It was reverted once (11a5e2c) for a
-cost reasoned, not measured: a fetch that kafka-python sends ahead at a partition's end
-waits out the wait there and holds up the next scan's fetch to that broker (README,
+slow tracker; runs 50 and 55 (50 ms) had 55 and 733. The cost, and why it was reverted once
+(11a5e2c): a fetch that kafka-python sends ahead at a partition's end waits out the wait
+there and holds up the next scan's fetch to that broker; on short partitions the
+redelivery benchmark's 10 %-dropped p99 is about 100 ms worse for it (README,
 Performance)."""
 FETCH_MAX_BYTES = 256 * 1024
 """The re-read consumer's fetch size (total and per partition). The embedded broker reads a

@@ -246,8 +246,8 @@ class TopicTail:
             client_id="kmq-chaos-ledger",
             enable_auto_commit=False,
             # The embedded broker stops listing a partition's batches when a fetch's wait runs
-            # out and then answers with nothing (tracker.reread.FETCH_WAIT_MS): at 100 ms a
-            # loaded broker's long markers partitions gave run 56's tail nothing for 60 s.
+            # out and then answers with nothing (tracker.reread.FETCH_WAIT_MS): at 100 ms that
+            # is the likeliest reason run 56's markers tail read nothing for 60 s.
             fetch_max_wait_ms=1000,
         )
 

@@ -482,15 +482,13 @@ def test_chaos(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
             cluster.kill(slot, restart_after_s=None, chaos=False)
         cluster.reap()
         stalled: list[str] = []
-        marker_tail.refresh()  # the last markers were written after its last fetch
         reads = [
             (marker_tail, markers.add),
             (queue_tail, queue_log.add),  # after the markers: see MarkerLog.resolve
             (retry_tail, queue_log.add_copy),
         ]
         for tail, add in reads:
-            if tail is not marker_tail:
-                tail.refresh()
+            tail.refresh()  # the last records were written after its last fetch
             try:
                 tail.read_to_end(add, timeout_s=120)
             except TailStalled as stall:
