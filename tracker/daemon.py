@@ -63,6 +63,20 @@ _TXN_RETRY_BACKOFF_MS = 20
 """kafka-python's wait before each transactional request it re-queues (default 100 ms)."""
 _TXN_BOOTSTRAP_MS = 1000
 """How long building a partition's transactional producer may wait for the cluster."""
+MARKERS_FETCH_WAIT_MS = 500
+"""The markers reader's ``fetch_max_wait_ms``: the re-read consumer's
+(:data:`tracker.reread.FETCH_WAIT_MS`), for the same reason. The embedded broker lists a
+partition's stored batches from the first on every fetch, each partition of a request in
+turn within what is left of the one wait, and answers a partition whose listing had not
+reached its fetch offset with nothing. At 100 ms, in full chaos run 57 (markers partitions
+of some 60,000 records by mid-run, 2 cores shared with a dozen processes), trackers' markers
+readers read nothing for 3 s or more 174 times, 40 of them with no injected fault within a
+second; one of those, 5 s long, came as its peer was killed, kept the replica from adopting
+the peer's partitions (silence is judged by its own beacons read back) and slowed its replay
+of them: the run's slowest copies. On Kafka a fetch with records to return never waits. The
+cost, on the embedded broker: a probe that lands while a fetch waits at a partition's end
+is answered at the broker's next look, up to half the wait later (it waited 50, then 100
+ms: README, Probes)."""
 _UNREACHABLE = (KafkaConnectionError, KafkaTimeoutError, NodeNotReadyError, RequestTimedOutError)
 """Errors that mean Kafka cannot be reached, rather than that a request was refused."""
 
@@ -210,14 +224,7 @@ class Tracker:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             isolation_level="read_committed",
-            # A PROBE is read back by this reader before its deadlines are acted on. On the
-            # embedded broker a read_committed fetch waiting there is not answered at once
-            # when a marker or a commit lands, so the read-back waits for about this long:
-            # at low load the tracker's part of a redelivery measured p50 40-46 ms at 100
-            # ms, 23-28 ms at 50. But in four full chaos runs with 50 ms the markers readers
-            # were held below the high watermark for over 3 s 17 to 84 times a run, against
-            # 1 to 6 in four runs with 100 (README, Under chaos, run 26): hence 100.
-            fetch_max_wait_ms=100,
+            fetch_max_wait_ms=MARKERS_FETCH_WAIT_MS,
         )
         opened.append(self._mc.close)
         self._pauses = ControlWatcher(conn, config.control_topic)
