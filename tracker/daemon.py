@@ -71,14 +71,14 @@ turn within what is left of the one wait, and answers a partition whose listing 
 reached its fetch offset with nothing. At 100 ms, in full chaos run 57 (markers partitions
 of some 60,000 records by mid-run, 2 cores shared with a dozen processes), trackers' markers
 readers read nothing for 3 s or more 174 times, 40 of them with no injected fault within a
-second; one of those, 5 s long, came as its peer was killed, kept the replica from adopting
-the peer's partitions (silence is judged by its own beacons read back) and slowed its replay
-of them: the run's slowest copies. On Kafka a fetch with records to return never waits. The
-cost, on the embedded broker: a probe that lands while a fetch waits at a partition's end
-is answered at the broker's next look, up to half the wait later (it waited 50, then 100
-ms: README, Probes). Measured, alternated three times against 100 ms: the redelivery
-benchmark's p50 about 190 ms and p99 200-400 ms worse; in full chaos run 58, 106 copies
-over 10 s late (run 57: 381) and 26 late for a slow tracker (178)."""
+second. One of those, 5 s long as its peer was killed, kept the replica from adopting the
+peer's partitions (silence is judged by its own beacons read back): part of the delay of the
+run's slowest copies. On Kafka a fetch with records to return never waits. The cost, on
+the embedded broker: a probe that lands while a fetch waits at a partition's end is
+answered at the broker's next look, up to half the wait later (it waited 50, then 100 ms:
+README, Probes). Alternated three times against 100 ms, the redelivery benchmark's 1 %
+p50 was about 190 ms worse and its p99 about 400 ms; full chaos run 58 had 106 copies over
+10 s late (run 57: 381)."""
 _UNREACHABLE = (KafkaConnectionError, KafkaTimeoutError, NodeNotReadyError, RequestTimedOutError)
 """Errors that mean Kafka cannot be reached, rather than that a request was refused."""
 
