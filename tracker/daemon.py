@@ -153,6 +153,10 @@ class Tracker:
         self._slowest_redelivery_s = 0.0
         self._slowest_reread_s = 0.0
         self._slowest_txn_s = 0.0
+        self._slowest_behind_s = 0.0
+        self._last_read = time.monotonic()
+        """When the markers reader last returned a record, or had nothing in flight."""
+        self._longest_read_gap_s = 0.0
         self._writers = PartitionWriters(
             self._transactional_producer,
             config.group_id,
@@ -443,6 +447,7 @@ class Tracker:
             else {}
         )
         now = time.monotonic()
+        self._note_read(bool(records), now)
         for tp, batch in records.items():
             state = self._states.get(tp.partition)
             if state is None:
@@ -473,6 +478,15 @@ class Tracker:
         self._notice_unread()
         self._commit(force=False)
         self._log_stats()
+
+    def _note_read(self, read: bool, now: float) -> None:
+        """Time the gaps between polls that return markers (``read_gap_max_ms``), counted
+        only while messages are in flight: ticks and beacons then come every
+        ``tick_interval_s``, so a long gap means the reading stopped, not the writing."""
+        if read or not any(s.in_flight for s in self._states.values()):
+            self._last_read = now
+        else:
+            self._longest_read_gap_s = max(self._longest_read_gap_s, now - self._last_read)
 
     def _follow_states(self) -> None:
         """Have the markers reader read exactly the partitions with a state, each new one
@@ -530,6 +544,7 @@ class Tracker:
         now = time.monotonic()
         # Nothing is read while Kafka cannot be reached either; that has its own report.
         change = stall.observe(position if self._link.up else None, highwater, now)
+        self._slowest_behind_s = max(self._slowest_behind_s, stall.behind_for(now))
         if change is Change.STALLED:
             self._retired["stalled"] += 1
             log.error(
@@ -1023,8 +1038,16 @@ class Tracker:
         stats["redeliver_max_ms"] = round(self._slowest_redelivery_s * 1000)
         stats["reread_max_ms"] = round(self._slowest_reread_s * 1000)
         stats["txn_max_ms"] = round(self._slowest_txn_s * 1000)
+        # Of reading: the longest the reader returned no marker at all, and the longest one
+        # partition stood still below the high watermark its fetches reported. A long first
+        # with a short second: no fetch answers came (the high watermark went stale); with
+        # a long second too: the broker had records it did not return (an open transaction
+        # holding the last stable offset, or a broker too slow to reach them in its wait).
+        stats["read_gap_max_ms"] = round(self._longest_read_gap_s * 1000)
+        stats["behind_max_ms"] = round(self._slowest_behind_s * 1000)
         self._slowest_turn_s = self._slowest_redelivery_s = 0.0
         self._slowest_reread_s = self._slowest_txn_s = 0.0
+        self._slowest_behind_s = self._longest_read_gap_s = 0.0
         log.info("stats: %s", " ".join(f"{k}={v}" for k, v in sorted(stats.items())))
 
     def _shutdown(self) -> None:

@@ -29,11 +29,13 @@ class Stall:
         self._position: int | None = None
         self._since: float | None = None
         """When the position last moved, or the partition was last fully read."""
+        self._behind = False
         self.stalled = False
 
     def observe(self, position: int | None, highwater: int | None, now: float) -> Change | None:
         """The round's position and high watermark (``None``: not known yet)."""
         behind = position is not None and highwater is not None and position < highwater
+        self._behind = behind
         if position != self._position or not behind or self._since is None:
             self._position = position
             self._since = now
@@ -45,6 +47,13 @@ class Stall:
             self.stalled = True
             return Change.STALLED
         return None
+
+    def behind_for(self, now: float) -> float:
+        """Seconds the position has stood still short of the high watermark as of the last
+        :meth:`observe`, stalled or not yet; 0 when it moved or was at the end."""
+        if not self._behind or self._since is None:
+            return 0.0
+        return max(0.0, now - self._since)
 
     def stalled_for(self, now: float) -> float:
         """Seconds the partition has stood still short of its end; 0 unless stalled."""

@@ -199,6 +199,7 @@ class Harness:
         t._link.connected(0.0)
         t._next_beacon = 0.0
         t._slowest_reread_s = t._slowest_txn_s = 0.0
+        t._slowest_behind_s = t._longest_read_gap_s = t._last_read = 0.0
         t._topics = {0: CONFIG.queue_topic, 1: CONFIG.retry_topic}
         t._redeliverer = Redeliverer(
             CONFIG.queue_topic,
@@ -1003,12 +1004,52 @@ def test_the_stats_line_says_the_slowest_turn_since_the_last_one(
     t._next_stats = 0.0
     t._slowest_turn_s, t._slowest_redelivery_s = 1.2344, 0.5006
     t._slowest_reread_s, t._slowest_txn_s = 0.3, 0.1504
+    t._longest_read_gap_s, t._slowest_behind_s = 4.2, 3.9
     with caplog.at_level("INFO", logger="kmq.tracker"):
         t._log_stats()
     assert "turn_max_ms=1234" in caplog.text and "redeliver_max_ms=501" in caplog.text
     assert "reread_max_ms=300" in caplog.text and "txn_max_ms=150" in caplog.text
-    slowest = (t._slowest_turn_s, t._slowest_redelivery_s, t._slowest_reread_s, t._slowest_txn_s)
-    assert slowest == (0.0, 0.0, 0.0, 0.0), "per stats line"
+    assert "read_gap_max_ms=4200" in caplog.text and "behind_max_ms=3900" in caplog.text
+    slowest = (t._slowest_turn_s, t._slowest_redelivery_s, t._slowest_reread_s, t._slowest_txn_s,
+               t._longest_read_gap_s, t._slowest_behind_s)  # fmt: skip
+    assert slowest == (0.0,) * 6, "per stats line"
+
+
+def test_the_read_gap_counts_only_polls_without_markers_while_messages_are_in_flight() -> None:
+    h = Harness(partitions=(0,))
+    t = h.tracker
+    assert t._states[0].in_flight > 0
+    t._note_read(True, 10.0)
+    t._note_read(False, 11.0)
+    t._note_read(False, 13.5)
+    assert t._longest_read_gap_s == 3.5
+    t._note_read(True, 14.0)
+    t._note_read(False, 14.5)
+    assert t._longest_read_gap_s == 3.5, "a read starts the gap over"
+    t._states = {}
+    t._note_read(False, 30.0)
+    assert t._longest_read_gap_s == 3.5, "nothing in flight: no markers are owed"
+    t._states = {0: expired_state(0)}
+    t._note_read(False, 31.0)
+    assert t._longest_read_gap_s == 3.5, "the gap starts where nothing was in flight"
+
+
+def test_behind_max_is_the_longest_a_partition_stood_still_below_its_high_watermark(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    h = Harness(partitions=(0, 1))
+    t = h.tracker
+    clock = [1000.0]
+    monkeypatch.setattr("tracker.daemon.time.monotonic", lambda: clock[0])
+    t._watch_stall(0, 5, 9)
+    t._watch_stall(1, 7, 7)
+    clock[0] += 2.5
+    t._watch_stall(0, 5, 12)  # more written, none of it read
+    t._watch_stall(1, 7, 7)  # at the end: not behind, however long
+    assert t._slowest_behind_s == 2.5
+    clock[0] += 1.0
+    t._watch_stall(0, 6, 12)  # it moved
+    assert t._slowest_behind_s == 2.5
 
 
 def _state_with_starts(partition: int, read_at: list[float]) -> PartitionState:

@@ -79,3 +79,18 @@ def test_changes_alternate_and_follow_the_rule(
             last_change = change
         # Stalled exactly when behind and unmoved for after_s (reported once crossing it).
         assert stall.stalled == (behind and now - moved_at >= AFTER_S)
+
+
+def test_behind_for_is_how_long_the_position_stood_still_short_of_the_end() -> None:
+    stall = Stall(AFTER_S)
+    assert stall.behind_for(0) == 0.0, "nothing observed yet"
+    stall.observe(3, 9, 10.0)
+    assert stall.behind_for(12.0) == 2.0, "behind, not yet stalled"
+    stall.observe(3, 12, 14.0)
+    assert stall.behind_for(14.0) == 4.0, "a growing end is no progress"
+    stall.observe(4, 12, 15.0)
+    assert stall.behind_for(15.0) == 0.0, "it moved"
+    stall.observe(4, 4, 16.0)
+    assert stall.behind_for(20.0) == 0.0, "at the end"
+    stall.observe(4, None, 21.0)
+    assert stall.behind_for(22.0) == 0.0, "end unknown"
