@@ -11,7 +11,6 @@ the partition again (which fences the stuck one and ends its transaction at the 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -41,73 +40,52 @@ def init(producer: Any, timeout_s: float) -> None:
         config["max_block_ms"] = saved
 
 
-class Pending:
-    """A transactional call sent and not yet waited for: several producers' calls can be
-    in flight at once (a tracker round commits every partition's transaction together)."""
-
-    def __init__(self, result: Any, what: str) -> None:
-        self._result = result  # kafka-python's TransactionalRequestResult; None: done
-        self._sent = time.monotonic()
-        self.what = what
-
-    def wait(self, timeout_s: float) -> None:
-        """Wait until ``timeout_s`` after it was sent (:class:`TransactionStuck` then);
-        raises the broker's error if the call failed."""
-        if self._result is None:
-            return
-        left_s = max(0.0, timeout_s - (time.monotonic() - self._sent))
-        if not self._result.wait(timeout_ms=left_s * 1000):
-            raise TransactionStuck(
-                f"the transaction's {self.what} was not answered in {timeout_s:g} s"
-            )
-
-
-def start_offsets(producer: Any, offsets: Mapping[Any, Any], group_metadata: Any) -> Pending:
-    """Send the offset commit of ``producer``'s transaction; :meth:`Pending.wait` for it."""
-    return _start(
+def send_offsets(
+    producer: Any, offsets: Mapping[Any, Any], group_metadata: Any, timeout_s: float
+) -> None:
+    _wait(
         producer,
         lambda m: m.send_offsets_to_transaction(dict(offsets), group_metadata),
         lambda: producer.send_offsets_to_transaction(dict(offsets), group_metadata),
+        timeout_s,
         "offset commit",
     )
 
 
-def start_commit(producer: Any) -> Pending:
-    """Send the commit of ``producer``'s transaction; :meth:`Pending.wait` for it."""
-    return _start(
-        producer, lambda m: m.begin_commit(), lambda: producer.commit_transaction(), "commit"
-    )
-
-
-def send_offsets(
-    producer: Any, offsets: Mapping[Any, Any], group_metadata: Any, timeout_s: float
-) -> None:
-    start_offsets(producer, offsets, group_metadata).wait(timeout_s)
-
-
 def commit(producer: Any, timeout_s: float) -> None:
-    start_commit(producer).wait(timeout_s)
+    _wait(
+        producer,
+        lambda m: m.begin_commit(),
+        lambda: producer.commit_transaction(),
+        timeout_s,
+        "commit",
+    )
 
 
 def abort(producer: Any, timeout_s: float) -> None:
-    call = _start(
-        producer, lambda m: m.begin_abort(), lambda: producer.abort_transaction(), "abort"
+    _wait(
+        producer,
+        lambda m: m.begin_abort(),
+        lambda: producer.abort_transaction(),
+        timeout_s,
+        "abort",
     )
-    call.wait(timeout_s)
 
 
-def _start(
+def _wait(
     producer: Any,
     start: Callable[[Any], Any],
     unbounded: Callable[[], None],
+    timeout_s: float,
     what: str,
-) -> Pending:
+) -> None:
     manager = getattr(producer, "_transaction_manager", None)
     sender = getattr(producer, "_sender", None)
     if manager is None or sender is None:
         unbounded()  # not kafka-python 3.0's KafkaProducer (a test stub): its own call
-        return Pending(None, what)
-    # What the KafkaProducer method does, without its wait.
+        return
+    # What the KafkaProducer method does, with a timeout on the wait.
     result = start(manager)
     sender.wakeup()
-    return Pending(result, what)
+    if not result.wait(timeout_ms=timeout_s * 1000):
+        raise TransactionStuck(f"the transaction's {what} was not answered in {timeout_s:g} s")

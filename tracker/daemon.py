@@ -46,7 +46,7 @@ from tracker.health import BrokerLink, ProbeServer
 from tracker.notices import UnreadNotices
 from tracker.orphans import OwnerWatch, owns_text
 from tracker.readers import LATELY_S, LiveReaders
-from tracker.redeliver import TXN_TIMEOUT_S, Copy, Job, Redeliverer, RoundOutcome, copy_of
+from tracker.redeliver import TXN_TIMEOUT_S, Copy, Redeliverer, RoundOutcome, copy_of
 from tracker.reread import FETCH_MAX_BYTES, FETCH_WAIT_MS, RecordReader
 from tracker.stall import Change, Stall
 from tracker.state import Due, PartitionState, floor_ms, share_budget
@@ -731,7 +731,8 @@ class Tracker:
                 copy = copy_of(d, record)
                 if not self._held_by_pause(copy, now):
                     by_partition.setdefault(d.marker_partition, []).append(copy)
-        self._redeliver_partitions(by_partition)
+        for partition, copies in by_partition.items():
+            self._redeliver_partition(partition, copies)
 
     def _copy_unread_again(self, due: list[Due], now: float) -> list[Due]:
         """``due`` without the copies nobody took that need no second copy yet: those
@@ -835,45 +836,29 @@ class Tracker:
             return False
         return TopicPartition(self.config.marker_topic, partition) in self._kc.assignment()
 
-    def _redeliver_partitions(self, by_partition: dict[int, list[Copy]]) -> None:
-        """One transaction per markers partition: its copies, their markers, and the commit
-        that skips them; all of them in flight together (:meth:`Redeliverer.rounds`)."""
-        jobs: list[Job] = []
-        parts: list[tuple[int, list[Copy], int | None]] = []
-        for partition, copies in by_partition.items():
-            state = self._states.get(partition)
-            txn = self._writers.get(partition)
-            if state is None or txn is None:
-                continue
-            if self._holding():  # it began after this round's start: the copies wait
-                self._retired["rebalance_held"] += 1
-                for copy in copies:
-                    self._failed(copy.due)
-                continue
-            offset = state.commit_offset(c.due.start_offset for c in copies)
-            if not self._owned_now(partition):
-                offset = None  # committed later, once the group has settled
-            tp = TopicPartition(self.config.marker_topic, partition)
-            offsets = {tp: OffsetAndMetadata(offset, "", -1)} if offset is not None else {}
-            jobs.append(Job(txn, copies, offsets, self._kc.group_metadata()))
-            parts.append((partition, copies, offset))
-        if not jobs:
+    def _redeliver_partition(self, partition: int, copies: list[Copy]) -> None:
+        """One transaction: the copies, their markers, and the commit that skips them."""
+        state = self._states.get(partition)
+        txn = self._writers.get(partition)
+        if state is None or txn is None:
             return
+        if self._holding():  # it began after this round's start: the copies wait
+            self._retired["rebalance_held"] += 1
+            for copy in copies:
+                self._failed(copy.due)
+            return
+        offset = state.commit_offset(c.due.start_offset for c in copies)
+        if not self._owned_now(partition):
+            offset = None  # committed later, once the group has settled
+        tp = TopicPartition(self.config.marker_topic, partition)
+        offsets = {tp: OffsetAndMetadata(offset, "", -1)} if offset is not None else {}
         began = time.monotonic()
         try:
-            outcomes = self._redeliverer.rounds(jobs)
+            outcome = self._redeliverer.round(txn, copies, offsets, self._kc.group_metadata())
         except KafkaError as exc:  # the layout could not be read, say
-            self._trouble(exc, "markers partitions %s: redelivery not started",
-                          [partition for partition, _, _ in parts])  # fmt: skip
-            outcomes = [RoundOutcome(False)] * len(jobs)
-        # Of transactions in flight together, the longest is about all of their time.
+            self._trouble(exc, "markers partition %d: redelivery not started", partition)
+            outcome = RoundOutcome(False)
         self._slowest_txn_s = max(self._slowest_txn_s, time.monotonic() - began)
-        for (partition, copies, offset), outcome in zip(parts, outcomes, strict=True):
-            self._settle_partition(partition, copies, offset, outcome)
-
-    def _settle_partition(
-        self, partition: int, copies: list[Copy], offset: int | None, outcome: RoundOutcome
-    ) -> None:
         if outcome.fenced:
             self._fenced(partition)
             return

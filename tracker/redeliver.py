@@ -96,17 +96,6 @@ class RoundOutcome:
     order of the copies (``None`` for a dead letter, or where the client did not say)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Job:
-    """One markers partition's part of a round: its transactional producer, its copies and
-    the markers-offset commit that skips them (empty: none)."""
-
-    txn: Any
-    copies: list[Copy]
-    offsets: Mapping[TopicPartition, OffsetAndMetadata]
-    group_metadata: Any
-
-
 class Redeliverer:
     """Writes a markers partition's due copies (to the retry topic, ahead of any backlog on
     the queue topic), dead letters (to the queue topic, as the dead-letter queue's own
@@ -257,97 +246,41 @@ class Redeliverer:
         group_metadata: Any,
     ) -> RoundOutcome:
         """Copies, their markers and the markers-offset commit that skips them: all or none."""
-        return self.rounds([Job(txn, copies, offsets, group_metadata)])[0]
-
-    def rounds(self, jobs: list[Job]) -> list[RoundOutcome]:
-        """Each job's transaction (as :meth:`round`), all of them in flight together: every
-        job's records are sent before any is waited for, then every offset commit, then
-        every commit. So a round over several markers partitions waits about as long as its
-        slowest one, not for their sum (each has its own producer and coordinator calls).
-        One job failing fails no other. Outcomes in the order of ``jobs``."""
-        outcomes: list[RoundOutcome | None] = [None] * len(jobs)
-        futures: list[list[Any]] = [[] for _ in jobs]
-        spares: list[list[tuple[Copy, Any]]] = [[] for _ in jobs]
-        for i, job in enumerate(jobs):
-            try:
-                job.txn.begin_transaction()
-                for copy in job.copies:
-                    where = self.target(copy)
-                    futures[i].append(self.send_copy(job.txn, copy, where))
-                    if self._on_spare(copy, where):
-                        spares[i].append((copy, futures[i][-1]))
-                    self.send_marker(job.txn, copy)
-            except KafkaError as exc:
-                outcomes[i] = self._failed(job.txn, exc)
-        for i, job in enumerate(jobs):
-            if outcomes[i] is None:
-                try:
-                    self._send_watches(job.txn, spares[i])
-                except KafkaError as exc:
-                    outcomes[i] = self._failed(job.txn, exc)
-        self._together(
-            jobs,
-            outcomes,
-            lambda job: (
-                txn_wait.start_offsets(job.txn, job.offsets, job.group_metadata)
-                if job.offsets
-                else None
-            ),
-        )
-        self._together(jobs, outcomes, lambda job: txn_wait.start_commit(job.txn))
-        return [
-            outcome
-            if outcome is not None
-            else RoundOutcome(
-                True,
-                placed=tuple(
-                    _placed(future) if copy.dead_letter_queue is None else None
-                    for copy, future in zip(job.copies, futures[i], strict=True)
-                ),
-            )
-            for i, (job, outcome) in enumerate(zip(jobs, outcomes, strict=True))
-        ]
-
-    def _together(
-        self,
-        jobs: list[Job],
-        outcomes: list[RoundOutcome | None],
-        start: Callable[[Job], txn_wait.Pending | None],
-    ) -> None:
-        """Start one call on each job not failed yet, then wait for each, each at most the
-        transaction timeout from when it was sent."""
-        pending: list[tuple[int, txn_wait.Pending]] = []
-        for i, job in enumerate(jobs):
-            if outcomes[i] is None:
-                try:
-                    call = start(job)
-                except KafkaError as exc:
-                    outcomes[i] = self._failed(job.txn, exc)
-                    continue
-                if call is not None:
-                    pending.append((i, call))
-        for i, call in pending:
-            try:
-                call.wait(self._txn_timeout_s)
-            except KafkaError as exc:
-                outcomes[i] = self._failed(jobs[i].txn, exc)
-
-    def _failed(self, txn: Any, exc: KafkaError) -> RoundOutcome:
-        """A job's outcome once one of its steps raised ``exc``: aborted unless fenced or
-        stuck."""
-        if isinstance(exc, TransactionStuck):
+        futures: list[Any] = []
+        try:
+            txn.begin_transaction()
+            spares: list[tuple[Copy, Any]] = []
+            for copy in copies:
+                where = self.target(copy)
+                futures.append(self.send_copy(txn, copy, where))
+                if self._on_spare(copy, where):
+                    spares.append((copy, futures[-1]))
+                self.send_marker(txn, copy)
+            self._send_watches(txn, spares)
+            if offsets:
+                txn_wait.send_offsets(txn, offsets, group_metadata, self._txn_timeout_s)
+            txn_wait.commit(txn, self._txn_timeout_s)
+        except TransactionStuck as exc:
             log.warning("redelivery transaction stuck (%s); claiming the partition again", exc)
             return RoundOutcome(False, stuck=True)
-        if is_fenced(exc):
-            return RoundOutcome(False, fenced=True)
-        log.warning("redelivery transaction failed (%r); retrying", exc)
-        try:
-            txn_wait.abort(txn, self._txn_timeout_s)
-        except TransactionStuck:
-            return RoundOutcome(False, stuck=True)
-        except KafkaError:
-            pass
-        return RoundOutcome(False)
+        except KafkaError as exc:
+            if is_fenced(exc):
+                return RoundOutcome(False, fenced=True)
+            log.warning("redelivery transaction failed (%r); retrying", exc)
+            try:
+                txn_wait.abort(txn, self._txn_timeout_s)
+            except TransactionStuck:
+                return RoundOutcome(False, stuck=True)
+            except KafkaError:
+                pass
+            return RoundOutcome(False)
+        return RoundOutcome(
+            True,
+            placed=tuple(
+                _placed(future) if copy.dead_letter_queue is None else None
+                for copy, future in zip(copies, futures, strict=True)
+            ),
+        )
 
 
 def _placed(future: Any) -> tuple[int, int] | None:

@@ -2,7 +2,7 @@
 for Kafka.
 
 The Tracker constructor connects to Kafka, so these tests build one with ``__new__`` and set
-only what ``_redeliver``, ``_redeliver_partitions``, ``_fenced`` and the rebalance handlers
+only what ``_redeliver``, ``_redeliver_partition``, ``_fenced`` and the rebalance handlers
 use: the states, a real PartitionWriters over stub transactional producers, a real
 Redeliverer, and stubs for the group consumer and markers reader (one object), the record
 reader and the pause table."""
@@ -379,7 +379,7 @@ def test_redeliver_partition_without_a_writer_does_nothing() -> None:
     h = Harness(partitions=(0,))
     [due] = h.states[0].due(time.monotonic())
     record = StubRecords().read([due]).found[due.key]
-    h.tracker._redeliver_partitions({0: [copy_of(due, record)]})
+    h.tracker._redeliver_partition(0, [copy_of(due, record)])
     assert h.tracker.partitions() == [0] and h.states[0].stats["fenced"] == 0
     assert h.producers.made == {}
 
@@ -929,10 +929,10 @@ def test_broker_trouble_after_deliveries_are_taken_leaves_none_stranded() -> Non
     h.tracker._readers.note([("kmq.reads", b"orders 1")], time.monotonic())
     raw: Any = h.tracker
 
-    def fails(by_partition: dict[int, list[Any]]) -> None:
+    def fails(partition: int, copies: list[Any]) -> None:
         raise KafkaTimeoutError("lost Kafka")
 
-    raw._redeliver_partitions = fails
+    raw._redeliver_partition = fails
     before = time.monotonic()
     with pytest.raises(KafkaTimeoutError):
         h.tracker._redeliver()

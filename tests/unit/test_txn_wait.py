@@ -11,7 +11,7 @@ from kafka.producer.transaction_manager import TransactionalRequestResult
 
 from kmq import txn_wait
 from kmq.txn_wait import TransactionStuck
-from tracker.redeliver import Job, Redeliverer, RoundOutcome
+from tracker.redeliver import Redeliverer, RoundOutcome
 
 
 class _Manager:
@@ -145,59 +145,3 @@ def test_init_waits_its_own_bound_then_restores_max_block_ms(fail: BaseException
             txn_wait.init(producer, 0.5)
     assert producer.waited_ms == [500]
     assert producer.config["max_block_ms"] == 10_000, "sends still get the producer's own"
-
-
-class _Linked(_Producer):
-    """A producer whose offset commit and commit are answered only once ``other`` has sent
-    the same call: a round that waited for one partition's call before sending the next
-    partition's would never see it answered."""
-
-    def __init__(self, log: list[str], name: str) -> None:
-        super().__init__(None)
-        self.other: _Linked | None = None
-        self.waiting: dict[str, TransactionalRequestResult] = {}
-        self.name, self.log = name, log
-        manager: Any = self._transaction_manager
-        manager.begin_commit = lambda: self._call("commit")
-        manager.send_offsets_to_transaction = lambda offsets, group: self._call("offsets")
-
-    def begin_transaction(self) -> None:
-        self.log.append(f"{self.name} begin")
-
-    def _call(self, what: str) -> TransactionalRequestResult:
-        self.log.append(f"{self.name} {what}")
-        result = self.waiting[what] = TransactionalRequestResult()
-        assert self.other is not None
-        theirs = self.other.waiting.get(what)
-        if theirs is not None:  # both sent: answer both
-            result.done()
-            theirs.done()
-        return result
-
-
-def test_a_rounds_partitions_have_their_calls_in_flight_together() -> None:
-    log: list[str] = []
-    a, b = _Linked(log, "a"), _Linked(log, "b")
-    a.other, b.other = b, a
-    redeliverer = Redeliverer("q", "q.retry", "m", lambda topic, queue: (0,), txn_timeout_s=0.5)
-    jobs = [Job(a, [], {"tp": 1}, "group"), Job(b, [], {"tp": 2}, "group")]
-    assert redeliverer.rounds(jobs) == [RoundOutcome(True), RoundOutcome(True)]
-    assert log == ["a begin", "b begin", "a offsets", "b offsets", "a commit", "b commit"]
-
-
-def test_one_partition_stuck_or_fenced_fails_no_other_and_waits_one_timeout() -> None:
-    redeliverer = Redeliverer("q", "q.retry", "m", lambda topic, queue: (0,), txn_timeout_s=0.3)
-    stuck, fenced, ok = _Producer(None), _Producer("fenced"), _Producer("ok")
-    producers = (stuck, _Producer(None), fenced, ok)
-    started = time.monotonic()
-    outcomes = redeliverer.rounds([Job(p, [], {"tp": 1}, "group") for p in producers])
-    assert outcomes == [
-        RoundOutcome(False, stuck=True),
-        RoundOutcome(False, stuck=True),
-        RoundOutcome(False, fenced=True),
-        RoundOutcome(True),
-    ]
-    assert time.monotonic() - started < 0.3 + 0.25, "one timeout, not one per partition"
-    assert stuck._transaction_manager.calls == ["offsets"], "stuck: nothing more sent"
-    assert fenced._transaction_manager.calls == ["offsets"]
-    assert ok._transaction_manager.calls == ["offsets", "commit"]
