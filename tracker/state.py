@@ -426,7 +426,9 @@ class PartitionState:
         now: float = 0.0,
         unread_s: float = 0.0,
     ) -> None:
-        """The new copy (or dead letter) and its marker are on the broker: forget the delivery.
+        """The new copy (or dead letter) and its marker are on the broker: forget the delivery
+        (if it is still the one being redelivered: settled and STARTed afresh meanwhile, the
+        new entry is another delivery's and stays).
 
         With ``copy`` (the copy's delivery key) and ``unread_s`` > 0, watch the copy until
         a consumer STARTs it: one not taken within ``unread_s`` comes out of :meth:`due`
@@ -437,8 +439,8 @@ class PartitionState:
         holds the commit point (see :meth:`_on_watch`); the watch on any other copy is
         forgotten then (its queue partition's next owner reads it)."""
         inflight = self._inflight.get(key)
-        if inflight is None:
-            return
+        if inflight is None or not inflight.redelivering:
+            return  # settled meanwhile, and maybe STARTed afresh: not this redelivery's
         dead_letter_queue = self._dead_letter_queues.get(key)
         self._drop(key, inflight)
         outcome = "dead_letters" if dead_lettered else "redeliveries"
@@ -457,9 +459,10 @@ class PartitionState:
             self._dead_letter_queues[copy] = dead_letter_queue
 
     def discard(self, key: int, why: str) -> None:
-        """Forget a delivery that cannot be redelivered (its record is gone), counting ``why``."""
+        """Forget a delivery being redelivered (taken by :meth:`due`) that cannot be (its
+        record is gone), counting ``why``; one settled and STARTed afresh meanwhile stays."""
         inflight = self._inflight.get(key)
-        if inflight is not None:
+        if inflight is not None and inflight.redelivering:
             self._drop(key, inflight)
             self.stats[why] += 1
 

@@ -967,7 +967,10 @@ class PartitionStateMachine(RuleBasedStateMachine):
                 self.state.discard(key, "record_gone")
             else:
                 self.state.redelivered(key, dead_lettered=outcome == "dead_lettered")
-            if self.model.tracked.pop(d, None) is not None:
+            # As for a failure below: after END and a fresh START, the outcome of the
+            # stale redelivery does not touch the new entry.
+            if t is not None and t.redelivering:
+                del self.model.tracked[d]
                 self.model.ended.add(d)
             return
         retry_at = self.now + (RETRY_S if outcome == "failed" else 4 * RETRY_S)
