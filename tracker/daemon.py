@@ -45,6 +45,7 @@ from tracker.handover import BEACON_S, ClockBounds, beacon_text
 from tracker.health import BrokerLink, ProbeServer
 from tracker.notices import UnreadNotices
 from tracker.orphans import OwnerWatch, owns_text
+from tracker.peek import OwnsPeek, to_peek
 from tracker.readers import LATELY_S, LiveReaders
 from tracker.redeliver import TXN_TIMEOUT_S, Copy, Redeliverer, RoundOutcome, copy_of
 from tracker.reread import FETCH_MAX_BYTES, FETCH_WAIT_MS, RecordReader
@@ -138,6 +139,9 @@ class Tracker:
         self._owners = (
             OwnerWatch(self._nonce, config.adopt_after_s) if config.adopt_after_s else None
         )
+        self._peek: OwnsPeek | None = None
+        """Reads *owns* entries past a held partition's last stable offset (built with the
+        clients, when replicas adopt: :mod:`tracker.peek`)."""
         self._next_beacon = 0.0
         self._beacon_partitions = 0
         """How many markers partitions the last beacon went to (the voucher writes to those)."""
@@ -233,6 +237,17 @@ class Tracker:
             fetch_max_wait_ms=MARKERS_FETCH_WAIT_MS,
         )
         opened.append(self._mc.close)
+        if self._owners is not None:
+            peek = kafka_clients.consumer(
+                conn,
+                "peek",
+                enable_auto_commit=False,
+                auto_offset_reset="latest",
+                isolation_level="read_uncommitted",  # owns entries only: tracker.peek
+                fetch_max_wait_ms=MARKERS_FETCH_WAIT_MS,
+            )
+            self._peek = OwnsPeek(peek, config.marker_topic)
+            opened.append(self._peek.close)
         self._pauses = ControlWatcher(conn, config.control_topic)
         opened.append(self._pauses.close)
         self._reader = kafka_clients.consumer(
@@ -470,6 +485,7 @@ class Tracker:
                 if record.headers:
                     readers.note(record.headers, now)
         self._sync_offsets()
+        self._peek_owns()
         self._adopt()
         self._probe()
         began = time.monotonic()
@@ -620,6 +636,32 @@ class Tracker:
             value = encode_entries([entry], [owns])
             self._producer.send(self.config.marker_topic, value=value, partition=partition)
         self._retired["owns_vouched"] += 1
+
+    def _peek_owns(self) -> None:
+        """Where a partition's reading is held below its high watermark, read the *owns*
+        entries past the hold, so that a peer's silence is judged as if it were not held
+        (:mod:`tracker.peek`)."""
+        peek, owners = self._peek, self._owners
+        if peek is None or owners is None:
+            return
+        now = time.monotonic()
+        held = to_peek(
+            {p: stall.behind_for(now) for p, stall in self._stalls.items() if p in self._states}
+        )
+        positions = {p: s.position for p, s in self._states.items() if s.position is not None}
+        try:
+            peek.follow(held, positions)
+            read = peek.read()
+        except KafkaError as exc:
+            self._trouble(exc, "markers partitions %s: owns entries past the hold not read",
+                          sorted(held))  # fmt: skip
+            return
+        now = time.monotonic()
+        for clock, partitions, sent_s in read:
+            # Read again later by the markers reader, once the hold ends: that only says
+            # again what was said, a little later.
+            owners.heard(clock, partitions, sent_s, now)
+        self._retired["owns_peeked"] += len(read)
 
     def _adopt(self) -> None:
         """Take up the markers partitions whose owner has fallen silent (see
@@ -1057,6 +1099,8 @@ class Tracker:
             try:
                 self._kc.close(autocommit=False)
                 self._mc.close()
+                if self._peek is not None:
+                    self._peek.close()
                 self._reader.close()
                 self._pauses.close()
             finally:

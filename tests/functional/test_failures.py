@@ -42,6 +42,7 @@ from tests.functional.helpers import (
 )
 from tracker.config import TrackerConfig
 from tracker.daemon import Tracker
+from tracker.fencing import transactional_id
 from tracker.handover import parse_beacon, parse_tick
 
 
@@ -399,6 +400,80 @@ def test_a_killed_trackers_partitions_are_adopted_long_before_its_session_ends(
     assert owned(survivor) == {0, 1}
     late_ms = late_redeliveries_ms(broker, topics, dead_partitions, REDELIVERY_TIMEOUT_S)
     assert len(late_ms) >= 3 and all(late >= 0 for late in late_ms), late_ms  # never early
+    copies = Counter(
+        message_id for message_id, attempt in queue_records(broker, topics.retry) if attempt > 1
+    )
+    assert copies == Counter(sent), "each lease redelivered exactly once"
+
+
+OPEN_TRANSACTION = """
+import sys, time
+from kafka import KafkaProducer
+from kmq.markers import MarkerType, encode_entries
+bootstrap, txn_id, topic, partitions = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+p = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=txn_id, acks="all")
+p.init_transactions()
+p.begin_transaction()
+probe = encode_entries([(int(MarkerType.PROBE), 0, 0, 0, 12345, 0, 0, 0)], [])
+for partition in partitions.split(","):
+    p.send(topic, value=probe, partition=int(partition))
+p.flush()
+print("open", flush=True)
+time.sleep(600)
+"""
+"""Claims a markers partition's transactional id, begins a transaction on the given markers
+partitions, writes to each and waits to be killed: what a replica killed in the middle of a
+redelivery round leaves behind."""
+
+
+def test_a_survivor_held_by_a_dead_trackers_open_transaction_still_adopts_its_partition(
+    broker: Broker,
+    topics: Topics,
+    service: kmq.Service,
+    tracker_config: TrackerConfig,
+    children: Children,
+) -> None:
+    """One of two trackers is killed, and its transaction is left open on its own markers
+    partition and the survivor's: the survivor reads its own partition no further (its own
+    beacons do not come back), so by them it could never tell that the dead one is silent,
+    and would wait out the 20 s session. It reads the owns entries past the hold
+    (tracker.peek), adopts the dead one's partition after ``adopt_after_s``, and the claim
+    ends the transaction. (On the embedded broker a dead replica's transaction holds every
+    replica's partitions this way as soon as their redelivery rounds share a retry partition
+    with it: Tansu 0.6 finishes no transaction that overlaps one still open.)"""
+    config = dataclasses.replace(
+        tracker_config, tick_interval_s=0.2, session_timeout_ms=20_000, adopt_after_s=6.0
+    )
+    sent, t1, worker, p1 = six_jobs_half_held(broker, topics, service, config, children, 0)
+    p2 = free_port()
+    children.python("tracker-2", *tracker_argv(config, p2))
+    wait_until(lambda: ready(p1) and ready(p2) and len(owned(p1)) == len(owned(p2)) == 1, 60,
+               "the two trackers to own a markers partition each")  # fmt: skip
+    seen = {p: event_count(p, "owns_read") for p in (p1, p2)}
+    wait_until(lambda: all(event_count(p, "owns_read") >= n + 4 for p, n in seen.items()), 10,
+               "each tracker to read the other's owns entries")  # fmt: skip
+    (dead_partition,), (kept,) = owned(p1), owned(p2)
+    os.kill(t1.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    t1.proc.wait()
+    txn = children.python(
+        "open-transaction", "-c", OPEN_TRANSACTION, broker.bootstrap_servers,
+        transactional_id(config.group_id, config.marker_topic, dead_partition),
+        config.marker_topic, f"{dead_partition},{kept}",
+    )  # fmt: skip
+    txn.wait_for("open", 30)
+    os.kill(txn.pid, signal.SIGKILL)
+    os.kill(worker.pid, signal.SIGKILL)
+    txn.proc.wait()
+    worker.proc.wait()
+    assert time.monotonic() - killed < config.adopt_after_s, "held before it could adopt"
+    wait_until(lambda: event_count(p2, "partitions_adopted") >= 1, 14, "the adoption")
+    assert time.monotonic() - killed < 14, "adopted, not moved by the group after 20 s"
+    assert event_count(p2, "owns_peeked") > 0, "judged by the owns entries past the hold"
+    wait_until(lambda: redeliveries(p2) >= 6, 15, "the survivor's redeliveries")
+    assert owned(p2) == {dead_partition, kept}
+    late_ms = late_redeliveries_ms(broker, topics, {dead_partition, kept}, REDELIVERY_TIMEOUT_S)
+    assert len(late_ms) == 6 and all(late >= 0 for late in late_ms), late_ms  # never early
     copies = Counter(
         message_id for message_id, attempt in queue_records(broker, topics.retry) if attempt > 1
     )

@@ -15,6 +15,7 @@ import socket
 import threading
 import time
 from collections import Counter
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -41,10 +42,11 @@ from tracker.handover import BEACON_S, ClockBounds, parse_beacon, parse_tick
 from tracker.health import BrokerLink
 from tracker.notices import UnreadNotices
 from tracker.orphans import OwnerWatch, owns_text, parse_owns
+from tracker.peek import HELD_S, OwnsPeek
 from tracker.readers import LiveReaders
 from tracker.redeliver import Redeliverer, copy_of
 from tracker.reread import ReadResult, Record
-from tracker.state import Due, PartitionState
+from tracker.state import Due, PartitionState, floor_ms
 from tracker.vouch import VOUCH_TURN_S
 
 CONFIG = TrackerConfig(
@@ -200,6 +202,7 @@ class Harness:
         t._next_beacon = 0.0
         t._slowest_reread_s = t._slowest_txn_s = 0.0
         t._slowest_behind_s = t._longest_read_gap_s = t._last_read = 0.0
+        t._peek = None
         t._topics = {0: CONFIG.queue_topic, 1: CONFIG.retry_topic}
         t._redeliverer = Redeliverer(
             CONFIG.queue_topic,
@@ -1248,3 +1251,70 @@ def test_a_partition_read_no_further_is_reported_once_and_not_while_kafka_is_los
     turn(CONFIG.stalled_after_s * 2)
     assert not t._stalls[0].stalled_for(clock[0]) and t.stats()["stalled"] == 1
     assert "no longer stalled" in caplog.records[-1].getMessage()
+
+
+class _PeekStub:
+    """The peek's consumer: hands out ``records`` once any partition is assigned."""
+
+    def __init__(self, records: list[bytes]) -> None:
+        self.records = records
+        self.assigned: list[int] = []
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        self.assigned = [tp.partition for tp in partitions]
+
+    def seek(self, partition: TopicPartition, offset: int) -> None:
+        pass
+
+    def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> dict[Any, Any]:
+        out, self.records = self.records, []
+        return {TopicPartition(CONFIG.marker_topic, 0): [SimpleNamespace(value=v) for v in out]}
+
+    def close(self) -> None:
+        pass
+
+
+def _owns_record(clock: int, partitions: set[int], sent_s: float) -> bytes:
+    text = owns_text(clock, partitions)
+    entry = (int(MarkerType.PROBE), 0, 0, floor_ms(sent_s), 0, 0, 0, len(text))
+    return encode_entries([entry], [text])
+
+
+@pytest.mark.parametrize("peer_alive", [False, True], ids=["peer-dead", "peer-alive"])
+def test_a_replica_whose_reading_is_held_judges_silence_by_owns_entries_past_the_hold(
+    monkeypatch: pytest.MonkeyPatch, peer_alive: bool
+) -> None:
+    """A transaction left open by a killed peer can hold this replica's own partitions
+    (tracker.peek): its own beacons are not read back, so it could never tell that the
+    peer is silent. Read past the hold, its beacons say so, and the peer's would say it
+    lives."""
+    h = Harness(partitions=(0, 1))
+    t = h.tracker
+    h.claim(0, 1)
+    silent_owner_of_2(h)
+    t._adopt()
+    assert t.partitions() == [0, 1], "held: own beacons not read back, nothing adopted"
+    now = time.monotonic()
+    records = [_owns_record(t._nonce, {0, 1}, now - 0.1)]
+    if peer_alive:  # its voucher still writes while its loop waits on a slow commit
+        records.append(_owns_record(99, {2}, now - 0.2))
+    stub = _PeekStub(records)
+    t._peek = OwnsPeek(stub, CONFIG.marker_topic)
+    clock = [now]
+    monkeypatch.setattr("tracker.daemon.time.monotonic", lambda: clock[0])
+    t._watch_stall(0, 5, 9)
+    clock[0] += 0.5
+    t._watch_stall(0, 5, 12)
+    t._peek_owns()
+    assert stub.assigned == [], "held 0.5 s: not yet read past"
+    clock[0] += HELD_S
+    t._watch_stall(0, 5, 15)
+    t._peek_owns()
+    assert stub.assigned == [0]
+    assert t._retired["owns_peeked"] == len(records)
+    t._adopt()
+    assert t.partitions() == ([0, 1] if peer_alive else [0, 1, 2])
+    clock[0] += 0.1
+    t._watch_stall(0, 6, 15)  # it moved: the hold is over
+    t._peek_owns()
+    assert stub.assigned == []
