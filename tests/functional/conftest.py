@@ -189,6 +189,7 @@ def children() -> Iterator[Children]:
     kids = Children()
     yield kids
     kids.cleanup()
+    kids.dump()
 
 
 @pytest.fixture(scope="module")

@@ -129,6 +129,15 @@ class Children:
                 os.kill(child.proc.pid, signal.SIGKILL)
                 child.proc.wait(timeout=30)
 
+    def dump(self, last: int = 400) -> None:
+        """Print each child's last ``last`` output lines: pytest shows them (captured in
+        teardown) only for a test that failed, where they are what the failure is read from."""
+        for child in self.all:
+            child._drain(0.0)
+            lines = child.lines[-last:]
+            print(f"----- {child.name} (exit {child.proc.poll()}), last {len(lines)} lines -----")
+            print("\n".join(lines))
+
 
 def read_records(bootstrap_servers: str, topic: str, timeout_s: float = 10.0) -> list[Any]:
     """Every record on ``topic``, up to the high watermarks seen while reading."""
