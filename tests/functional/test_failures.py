@@ -294,6 +294,21 @@ def owned(port: int) -> set[int]:
     return {int(dict(labels)["partition"]) for labels in samples}
 
 
+def second_tracker(
+    config: TrackerConfig, children: Children, p1: int, heard: str
+) -> tuple[Child, int]:
+    """A second tracker beside the one serving ``p1``: returned (with its metrics port) once
+    each owns a markers partition and has counted ``heard`` four times more."""
+    p2 = free_port()
+    t2 = children.python("tracker-2", *tracker_argv(config, p2))
+    wait_until(lambda: ready(p1) and ready(p2) and len(owned(p1)) == len(owned(p2)) == 1, 60,
+               "the two trackers to own a markers partition each")  # fmt: skip
+    seen = {p: event_count(p, heard) for p in (p1, p2)}
+    wait_until(lambda: all(event_count(p, heard) >= n + 4 for p, n in seen.items()), 10,
+               f"each tracker to count {heard}")  # fmt: skip
+    return t2, p2
+
+
 def one_of_two_trackers_killed(
     broker: Broker,
     topics: Topics,
@@ -310,13 +325,7 @@ def one_of_two_trackers_killed(
     it was killed."""
     sent, t1, worker, p1 = six_jobs_half_held(broker, topics, service, config, children, 0,
                                               lease_s=lease_s)  # fmt: skip
-    p2 = free_port()
-    t2 = children.python("tracker-2", *tracker_argv(config, p2))
-    wait_until(lambda: ready(p1) and ready(p2) and len(owned(p1)) == len(owned(p2)) == 1, 60,
-               "the two trackers to own a markers partition each")  # fmt: skip
-    seen = {p: event_count(p, heard) for p in (p1, p2)}
-    wait_until(lambda: all(event_count(p, heard) >= n + 4 for p, n in seen.items()), 10,
-               f"each tracker to count {heard}")  # fmt: skip
+    t2, p2 = second_tracker(config, children, p1, heard)
     held_on = Counter(
         record.partition
         for record in read_records(broker.bootstrap_servers, topics.markers)
@@ -445,13 +454,7 @@ def test_a_survivor_held_by_a_dead_trackers_open_transaction_still_adopts_its_pa
         tracker_config, tick_interval_s=0.2, session_timeout_ms=20_000, adopt_after_s=6.0
     )
     sent, t1, worker, p1 = six_jobs_half_held(broker, topics, service, config, children, 0)
-    p2 = free_port()
-    children.python("tracker-2", *tracker_argv(config, p2))
-    wait_until(lambda: ready(p1) and ready(p2) and len(owned(p1)) == len(owned(p2)) == 1, 60,
-               "the two trackers to own a markers partition each")  # fmt: skip
-    seen = {p: event_count(p, "owns_read") for p in (p1, p2)}
-    wait_until(lambda: all(event_count(p, "owns_read") >= n + 4 for p, n in seen.items()), 10,
-               "each tracker to read the other's owns entries")  # fmt: skip
+    _, p2 = second_tracker(config, children, p1, "owns_read")
     (dead_partition,), (kept,) = owned(p1), owned(p2)
     os.kill(t1.pid, signal.SIGKILL)
     killed = time.monotonic()
