@@ -812,11 +812,7 @@ class Tracker:
             # What its reader reads, and what the copy could go to instead (as
             # Redeliverer.target will choose: kmq.layout.toward_live_reader).
             held = holders_reads(queue_window, retry_window, partition, True)
-            # Its reader must have been silent for fresh_s; a reader elsewhere need only have
-            # been heard since the last look (an idle consumer writes nothing, so one heard
-            # only while it took a message may have fallen out of fresh_s by the next look).
-            since_s = self.config.unread_copy_s + self._readers.fresh_s
-            if not held & live and (live | self._live(queue, now, since_s)) - held:
+            if not held & live and live - held:
                 out.append(d)
                 continue
             if not live:  # nobody reads the queue's retry lane: say where this copy is

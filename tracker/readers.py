@@ -24,15 +24,9 @@ idle member read a spare of the queue; they waited 22 s for the group to rebalan
 _MAX_CACHED = 4096
 
 
-KEPT_S = 10.0
-"""How long what a consumer said is kept, for :meth:`LiveReaders.live`'s longer looks back
-(whether anyone read the queue since a watched copy was last looked at)."""
-
-
 class LiveReaders:
-    def __init__(self, fresh_s: float = FRESH_S, kept_s: float = KEPT_S) -> None:
+    def __init__(self, fresh_s: float = FRESH_S) -> None:
         self.fresh_s = fresh_s
-        self.kept_s = max(kept_s, fresh_s)
         self._seen: dict[str, dict[int, float]] = {}  # queue -> partition -> last said
         self._decoded: dict[bytes, tuple[str, frozenset[int]] | None] = {}
 
@@ -58,12 +52,14 @@ class LiveReaders:
 
     def live(self, queue: str, now: float, within_s: float | None = None) -> frozenset[int]:
         """The partitions of ``queue`` some consumer said it reads within ``fresh_s`` (or
-        within ``within_s``, at most ``kept_s``)."""
+        within ``within_s``, if shorter)."""
         seen = self._seen.get(queue)
         if not seen:
             return frozenset()
-        cutoff = now - self.kept_s
+        cutoff = now - self.fresh_s
         for partition in [p for p, at in seen.items() if at < cutoff]:
             del seen[partition]
-        lately = now - (self.fresh_s if within_s is None else min(within_s, self.kept_s))
-        return frozenset(p for p, at in seen.items() if at >= lately)
+        if within_s is not None and within_s < self.fresh_s:
+            lately = now - within_s
+            return frozenset(p for p, at in seen.items() if at >= lately)
+        return frozenset(seen)

@@ -935,34 +935,6 @@ def test_a_copy_nobody_took_is_copied_again_only_toward_a_live_reader(
 
 
 @pytest.mark.parametrize(
-    ("heard_ago_s", "copied_again"),
-    [
-        (1.5, True),  # past FRESH_S, but since the last look (unread_copy_s + FRESH_S)
-        (2.9, True),
-        (3.5, False),  # before the last look: nothing new since
-    ],
-)
-def test_a_reader_elsewhere_heard_since_the_last_look_gets_the_copy(
-    heard_ago_s: float, copied_again: bool
-) -> None:
-    """An idle consumer writes no markers: one heard only while it took a message has
-    fallen out of FRESH_S by the next look (every unread_copy_s, 2 s), and the copy
-    would stay on a silent reader's partition for good."""
-    h = Harness(partitions=(0,))
-    h.claim(0)
-    key = watched_copy_due(h)
-    h.tracker._readers.note([("kmq.reads", b"orders 1")], time.monotonic() - heard_ago_s)
-    h.tracker._redeliver()
-    state = h.states[0]
-    if copied_again:
-        assert [d.key for d in h.records.asked[-1]] == [key]
-        assert h.producers.last(0).sent[0].partition == 1, "away from the silent reader"
-        assert state.stats["redeliveries:unread"] == 1
-    else:
-        assert h.records.asked == [] and state.stats["unread_waits"] == 1
-
-
-@pytest.mark.parametrize(
     ("partition", "until_taken"),
     [(1, False), (0, False), (2, True), (3, True)],  # the window is (0, 1); 2 and 3 are spares
 )
