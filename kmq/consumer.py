@@ -67,8 +67,8 @@ _HERE: Entry = (int(MarkerType.PROBE), 0, 0, 0, 0, 0, 0, 0)
 """A consumer's "still here": a PROBE of no tracker's (nonce 0), written only for the
 ``kmq.reads`` header its record carries (see ``Consumer._announce``)."""
 _ANNOUNCE_S = 0.4
-"""How often a consumer reading spare retry partitions says so on every markers partition it
-wrote nothing to meanwhile: well within the trackers' 1 s (``tracker.readers.FRESH_S``)."""
+"""How often a consumer reading retry partitions says so on every markers partition it wrote
+nothing to meanwhile: well within the trackers' 1 s (``tracker.readers.FRESH_S``)."""
 _NACK = int(MarkerType.NACK)
 _RELEASE = int(MarkerType.RELEASE)
 _DEAD_LETTERED = int(MarkerType.DEAD_LETTERED)
@@ -708,15 +708,19 @@ class Consumer:
             self._next_layout_check = now + _LAYOUT_CHECK_S
             self._refresh_layout()
             self._check_legacy()
-        if (self._spares_reading or self._adopted.partitions) and now >= self._next_announce:
-            self._next_announce = now + _ANNOUNCE_S
-            self._announce(now - _ANNOUNCE_S)
+        self._announce(now)
 
-    def _announce(self, since: float) -> None:
-        """Say what this consumer reads on each markers partition it has written nothing to
-        since ``since``: every tracker hears only its own partitions, and a consumer that
-        holds nothing (one reading only a spare) writes no markers otherwise."""
-        quiet = self._writer.quiet_partitions(since)
+    def _announce(self, now: float) -> None:
+        """Every ``_ANNOUNCE_S``, say what this consumer reads of the retry lane on each
+        markers partition it has written nothing to meanwhile: every tracker hears only its
+        own partitions, and a consumer that holds nothing writes no markers otherwise. So a
+        tracker that hears no reader of a queue knows that none is there, rather than that
+        the readers are idle: an idle owner passed over meant a copy left on a killed
+        spare reader's partition, which no group member reads, was never copied toward it."""
+        if not self._retry_reading or now < self._next_announce:
+            return
+        self._next_announce = now + _ANNOUNCE_S
+        quiet = self._writer.quiet_partitions(now - _ANNOUNCE_S)
         if quiet:
             self._writer.add_many([(_HERE, partition) for partition in quiet])
             self._writer.flush_soon()

@@ -12,10 +12,11 @@ FRESH_S = 1.0
 """A partition counts as read while a consumer has said so within this long: one killed
 drops out this long after its last marker record, sooner than its holder's lease runs out
 (a third of a lease after its last keep-alive at best). A busy consumer writes records many
-times a second, and one reading a spare (:func:`kmq.layout.spare_candidates`) says so every
-0.4 s even when it holds nothing; one that says nothing for longer (holding messages under
-a long lease) is only passed over while someone else is heard from: with nobody heard from,
-copies go where they went before (:func:`kmq.layout.away_from_holder`)."""
+times a second, and every consumer reading the retry lane (its owned partitions' retry
+partitions, a spare: :func:`kmq.layout.spare_candidates`, or an adopted one) says so every
+0.4 s on each markers partition it wrote nothing to, even when it holds nothing. Nobody
+heard from means nobody reads, or the tracker itself hears nothing: then copies go where
+they went before (:func:`kmq.layout.away_from_holder`)."""
 LATELY_S = 0.6
 """Partitions said within this long go first: a spare's reader says so every 0.4 s, so one
 still counted only by :data:`FRESH_S` was most likely read by a consumer killed up to a

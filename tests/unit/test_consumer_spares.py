@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from kafka import TopicPartition
 from kafka.structs import ConsumerGroupMetadata, MemberState
 
@@ -133,3 +134,59 @@ def test_an_adopted_partition_the_group_then_gives_stays_read() -> None:
     consumer._follow_queue_partitions()
     assert consumer._rc.assigned == [TopicPartition("jobs.retry", 0)]
     assert consumer._adopted.partitions == frozenset()
+
+
+class StubMarkerWriter:
+    """The marker writer, as far as announcing goes: partition 1 was written to lately."""
+
+    def __init__(self) -> None:
+        self.added: list[list[tuple[Any, int]]] = []
+        self.flushed = 0
+
+    def quiet_partitions(self, since: float) -> list[int]:
+        return [0, 2, 3]
+
+    def add_many(self, entries: list[tuple[Any, int]]) -> None:
+        self.added.append(entries)
+
+    def flush_soon(self) -> None:
+        self.flushed += 1
+
+
+def announced(consumer: Any, at: float) -> list[int]:
+    writer = consumer._writer
+    before = len(writer.added)
+    consumer._announce(at)
+    return [p for entries in writer.added[before:] for _, p in entries]
+
+
+@pytest.mark.parametrize("reads", ["owned", "spare", "adopted"])
+def test_every_reader_of_the_retry_lane_says_so_on_its_quiet_markers_partitions(
+    reads: str,
+) -> None:
+    """Holding nothing, a consumer writes no markers: without this, a tracker hearing
+    nobody could not tell an idle owner from none, and a copy left on a frozen spare
+    reader's partition was never copied toward the idle owner."""
+    consumer = idle_consumer()
+    consumer._writer = StubMarkerWriter()
+    consumer._next_announce = 0.0
+    if reads == "owned":
+        consumer._assigned = frozenset({0})
+    elif reads == "spare":
+        consumer._on_spares(frozenset({2}))
+    else:
+        consumer._pauses.apply(unread_key("jobs.retry", 0, "jobs"), UNREAD_VALUE)
+    consumer._follow_queue_partitions()
+    assert consumer._reads, "it names what it reads"
+    assert announced(consumer, 10.0) == [0, 2, 3]
+    assert announced(consumer, 10.3) == [], "not again within 0.4 s"
+    assert announced(consumer, 10.4) == [0, 2, 3]
+    assert consumer._writer.flushed == 2
+
+
+def test_a_consumer_reading_nothing_of_the_retry_lane_says_nothing() -> None:
+    consumer = idle_consumer()
+    consumer._writer = StubMarkerWriter()
+    consumer._next_announce = 0.0
+    consumer._follow_queue_partitions()
+    assert consumer._retry_reading == frozenset() and announced(consumer, 10.0) == []
