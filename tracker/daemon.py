@@ -80,6 +80,14 @@ answered at the broker's next look, up to half the wait later (it waited 50, the
 README, Probes). Alternated three times against 100 ms, the redelivery benchmark's 1 %
 p50 was about 190 ms worse and its p99 about 400 ms; full chaos run 58 had 106 copies over
 10 s late (run 57: 381)."""
+CLAIM_WAIT_MAX_S = 30.0
+"""How long a replica given a markers partition waits, at most, for a live replica that
+still names it (in its beacons' owns entries) to let it go before claiming it anyway
+(:meth:`Tracker._claim_many`). Longer than :data:`KEEP_THROUGH_REBALANCE_S` plus one
+transaction's calls (10 s), so a holder stuck in a long rebalance has stopped by then."""
+KEEP_THROUGH_REBALANCE_S = 15.0
+"""How long an eager rebalance may last before the replica stops redelivering from the
+partitions it keeps through it (:meth:`Tracker._holding`)."""
 _UNREACHABLE = (KafkaConnectionError, KafkaTimeoutError, NodeNotReadyError, RequestTimedOutError)
 """Errors that mean Kafka cannot be reached, rather than that a request was refused."""
 
@@ -123,8 +131,13 @@ class Tracker:
         next assignment says which stay. Adopted ones are redelivered from meanwhile, but
         not during a rebalance (:meth:`_holding`)."""
         self._rebalancing = False
-        """An eager rebalance is under way (its revoke seen, its assignment not yet): no
-        redelivery at all until the assignment (:meth:`_holding`, :meth:`_on_revoked`)."""
+        """An eager rebalance is under way (its revoke seen, its assignment not yet): see
+        :meth:`_holding` and :meth:`_on_revoked`."""
+        self._rebalance_began: float | None = None
+        """When this replica first saw the rebalance under way (monotonic)."""
+        self._claim_wanted: dict[int, float] = {}
+        """Partitions held whose claim waits for another replica to let them go, and since
+        when (:meth:`_claim_many`)."""
         self._reclaim: set[int] = set()
         """Kept through a rebalance and assigned again: claim them again, and wait for a
         probe written since, before the next redelivery from them."""
@@ -142,6 +155,9 @@ class Tracker:
         self._peek: OwnsPeek | None = None
         """Reads *owns* entries past a held partition's last stable offset (built with the
         clients, when replicas adopt: :mod:`tracker.peek`)."""
+        self._handoff = self._owners is not None and config.tick_interval_s > 0
+        """Whether claims wait for the holder to let go (beacons say who holds what), so
+        that an eager rebalance need not stop redelivery (:meth:`_claim_many`)."""
         self._next_beacon = 0.0
         self._beacon_partitions = 0
         """How many markers partitions the last beacon went to (the voucher writes to those)."""
@@ -714,7 +730,7 @@ class Tracker:
                 self._retired["rebalance_held"] += 1  # a round's worth held back
             return
         budget = self.config.max_redeliveries_per_round
-        self._writers.claim_many(self._states)  # those not claimed yet
+        self._claim_many(self._states)  # those not claimed yet
         deadlines: dict[int, list[float]] = {}
         for partition, state in self._states.items():
             if partition in self._reclaim and not self._reclaimed(partition, state):
@@ -859,16 +875,57 @@ class Tracker:
 
     def _holding(self) -> bool:
         """Whether redelivery waits, because another replica may be claiming these
-        partitions right now (the reason is in :meth:`_on_revoked`): an eager rebalance is
-        under way (seen by the loop, or so far only by kafka-python, whose IO thread runs
-        the rebalance while a round goes on), or the group has dropped this replica (a
-        heartbeat or commit was told its member id or generation is gone)."""
-        if self._rebalancing:
-            return True
+        partitions right now (the reason is in :meth:`_on_revoked`): the group has dropped
+        this replica (a heartbeat or commit was told its member id or generation is gone),
+        or an eager rebalance is under way (seen by the loop, or so far only by
+        kafka-python, whose IO thread runs the rebalance while a round goes on). With
+        beacons on, a replica given a partition claims it only once this one has let it
+        go (:meth:`_claim_many`), so a rebalance holds nothing back until it has lasted
+        :data:`KEEP_THROUGH_REBALANCE_S`."""
         state = self._kc.group_metadata().state
         if state is MemberState.UNJOINED:
             return True
-        return state is MemberState.REBALANCING and self.config.rebalance != COOPERATIVE
+        eager = self.config.rebalance != COOPERATIVE
+        if not (self._rebalancing or (eager and state is MemberState.REBALANCING)):
+            self._rebalance_began = None
+            return False
+        now = time.monotonic()
+        if self._rebalance_began is None:
+            self._rebalance_began = now
+        return not self._handoff or now - self._rebalance_began >= KEEP_THROUGH_REBALANCE_S
+
+    def _claim_many(self, partitions: Iterable[int]) -> None:
+        """Claim those of ``partitions`` not claimed yet that no live replica still holds.
+
+        A claim ends the previous holder's open transaction, and on the embedded broker one
+        that lands while the holder commits it holds the partition's readers for good
+        (``bench.broker_txn_race``). So with beacons on, a replica given a partition claims
+        it only once no other live replica names it in its newest owns entry (it names
+        what it holds until it drops it, between transactions), or after
+        :data:`CLAIM_WAIT_MAX_S`; a partition whose claim waited acts on none of its
+        deadlines until a probe written after the claim is read back (:meth:`_reclaimed`),
+        so every redelivery the holder committed before letting go has been read."""
+        todo = [p for p in partitions if self._writers.get(p) is None]
+        if not todo:
+            return
+        if not self._handoff or self._owners is None:
+            self._writers.claim_many(todo)
+            return
+        now, owners, ready = time.monotonic(), self._owners, []
+        for partition in todo:
+            since = self._claim_wanted.get(partition)
+            if owners.clear_to_claim(partition, now):
+                ready.append(partition)
+            elif since is None:
+                self._claim_wanted[partition] = now
+                self._reclaim.add(partition)
+                self._retired["claim_waits"] += 1
+            elif now - since >= CLAIM_WAIT_MAX_S:
+                log.warning("markers partition %d: still named by another replica after "
+                            "%.0f s; claiming it anyway", partition, now - since)  # fmt: skip
+                ready.append(partition)
+        for partition in self._writers.claim_many(ready):
+            self._claim_wanted.pop(partition, None)
 
     def _owned_now(self, partition: int) -> bool:
         """Whether the group gives this replica ``partition`` in a settled generation, so
@@ -935,6 +992,7 @@ class Tracker:
         self._fresh.discard(partition)
         self._kept.discard(partition)
         self._reclaim.discard(partition)
+        self._claim_wanted.pop(partition, None)
         self._tenure.forget(partition)
         self._fence_watch.fenced(
             partition, self._kc.group_metadata().generation_id, time.monotonic()
@@ -1150,7 +1208,9 @@ class Tracker:
             self._retired.update(state.stats)
             self._committed.pop(partition, None)
             self._writers.release(partition)
+            self._claim_wanted.pop(partition, None)
         self._caught_up.clear()
+        self._next_beacon = 0.0  # say at once that they are let go (_claim_many)
         self._retired["partitions_revoked"] += len(partitions)
         log.info("revoked partitions %s", sorted(partitions))
 
@@ -1159,6 +1219,7 @@ class Tracker:
         ``generation`` (None: not known)."""
         self._assignment_known = True
         self._rebalancing = False
+        self._rebalance_began = None
         self._retired["assignments"] += 1
         kept, self._kept = self._kept, set()
         gone = sorted(p for p in kept - set(assigned) if p in self._states)
@@ -1190,7 +1251,7 @@ class Tracker:
         # Claim them before anything else, with the kept ones to claim again (_on_assigned):
         # from here on a previous owner's redeliveries from them are refused (a claim not
         # answered now is waited for again before this replica's first redelivery from it).
-        self._writers.claim_many(partitions)  # those not claimed yet
+        self._claim_many(partitions)  # those not claimed yet
         for partition in new:
             state = self._states[partition] = PartitionState(
                 partition,

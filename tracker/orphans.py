@@ -85,6 +85,9 @@ class OwnerWatch:
         longer is not taken from a silent owner but left to the group."""
         self._named: dict[int, tuple[float, int]] = {}  # partition -> (read at, by clock)
         self._heard: dict[int, tuple[float, int]] = {}  # clock -> (read at, partitions named)
+        self._latest: dict[int, tuple[float, frozenset[int]]] = {}
+        """clock -> (sent at, partitions) of its newest owns entry, by its own send time
+        (entries on different partitions are read in no particular order)."""
         self._current = float("-inf")
         """The send time (own clock) of the newest own beacon read back: every beacon
         written before it was on the broker, has been read."""
@@ -95,6 +98,9 @@ class OwnerWatch:
         if clock == self.own:
             self._current = max(self._current, sent_s)
         self._heard[clock] = (now, len(partitions))
+        latest = self._latest.get(clock)
+        if latest is None or sent_s >= latest[0]:
+            self._latest[clock] = (sent_s, partitions)
         named = self._named
         for partition in partitions:
             named[partition] = (now, clock)
@@ -142,6 +148,27 @@ class OwnerWatch:
             if namer != own and current - at < silence
         }
 
+    def clear_to_claim(self, partition: int, now: float) -> bool:
+        """Whether this replica may claim ``partition`` now without cutting into a live
+        replica's transaction on it: no other replica heard from within
+        :attr:`silence_s` before the newest own beacon read back names it in its newest
+        owns entry. A holder names its partitions until it has let them go, and lets one go
+        only between transactions, so the claim cannot end one of them while it commits
+        (which, on the embedded broker, holds the partition's readers for good). False
+        while the view is older than :data:`STALE_VIEW_S`, or was never formed (a replica
+        that has not yet read its own beacons back cannot tell)."""
+        current, silence, own = self._current, self.silence_s, self.own
+        if now - current >= STALE_VIEW_S:
+            return False
+        for clock, (_, partitions) in self._latest.items():
+            if (
+                clock != own
+                and partition in partitions
+                and current - self._heard[clock][0] < silence
+            ):
+                return False
+        return True
+
     def reassigned(self, now: float, mine: Iterable[int]) -> None:
         """The group has just given this replica ``mine`` (and every other partition to
         another member, which names it at its first beacon): none of the others is adopted
@@ -162,3 +189,4 @@ class OwnerWatch:
             del self._named[partition]
         for clock in [c for c, (at, _) in self._heard.items() if now - at > window]:
             del self._heard[clock]
+            self._latest.pop(clock, None)

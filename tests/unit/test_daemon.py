@@ -36,7 +36,13 @@ from kmq.records import delivery_key, queue_headers
 from kmq.txn_wait import TransactionStuck
 from tests.unit.kafka_stubs import StubTxnProducer
 from tracker.config import TrackerConfig
-from tracker.daemon import Tracker, _Listener, markers_wait_ms
+from tracker.daemon import (
+    CLAIM_WAIT_MAX_S,
+    KEEP_THROUGH_REBALANCE_S,
+    Tracker,
+    _Listener,
+    markers_wait_ms,
+)
 from tracker.fencing import FenceWatch, PartitionWriters, Tenure, transactional_id
 from tracker.handover import BEACON_S, ClockBounds, parse_beacon, parse_tick
 from tracker.health import BrokerLink
@@ -167,7 +173,9 @@ def expired_state(partition: int) -> PartitionState:
 
 
 class Harness:
-    def __init__(self, partitions: tuple[int, ...] = (0, 1)) -> None:
+    def __init__(self, partitions: tuple[int, ...] = (0, 1), handoff: bool = False) -> None:
+        """``handoff``: claims wait for the holder to let go, and rebalances hold nothing
+        back at first (beacons on, as deployed); off, as with beacons off."""
         self.producers = Producers()
         self.records = StubRecords()
         self.claim_waits: list[tuple[str, float]] = []
@@ -186,6 +194,9 @@ class Harness:
         self.group.assigned = set(partitions)
         t._kept = set()
         t._rebalancing = False
+        t._rebalance_began = None
+        t._claim_wanted = {}
+        t._handoff = handoff
         t._reclaim = set()
         t._reading = set(partitions)
         t._seek = set()
@@ -522,9 +533,7 @@ def test_an_eager_rebalance_keeps_reading_but_redelivers_nothing_until_the_assig
     assert t.stats()["rebalance_held"] == 1, "nothing due: nothing held back"
 
 
-def test_a_replica_the_group_has_dropped_redelivers_nothing_until_it_has_joined_again() -> (
-    None
-):
+def test_a_replica_the_group_has_dropped_redelivers_nothing_until_it_has_joined_again() -> None:
     """kafka-python marks the member UNJOINED as soon as a heartbeat or a commit is told
     its member id is gone, before any revoke reaches the loop: its successor may be
     claiming the partitions already."""
@@ -556,6 +565,114 @@ def test_a_rebalance_that_begins_during_a_round_holds_the_transactions_not_begun
     assert "begin_transaction" not in h.producers.last(0).calls
     later = now + CONFIG.redelivery_retry_s + 1
     assert h.states[0].due_deadlines(later, 10), "due again after the retry delay"
+
+
+def test_with_handoff_an_eager_rebalance_holds_back_only_once_it_has_lasted_long() -> None:
+    """With beacons on, a replica given one of these partitions claims it only once this
+    one has let it go, so the due deliveries go on out through the rebalance; one that
+    has lasted KEEP_THROUGH_REBALANCE_S holds them back, so that a claim made after
+    CLAIM_WAIT_MAX_S meets no transaction."""
+    h = Harness(partitions=(0, 1), handoff=True)
+    h.claim(0, 1)
+    t = h.tracker
+    t._on_assigned([0, 1], 5)
+    t._on_revoked([0, 1])
+    h.group.assigned = set()
+    h.group.metadata = REBALANCING
+    t._redeliver()
+    assert h.states[0].stats["redeliveries"] == 1 and t.stats()["rebalance_held"] == 0
+    assert t._rebalance_began is not None
+    t._rebalance_began -= KEEP_THROUGH_REBALANCE_S
+    late = expired_state(1)  # a lease come due since
+    t._states[1] = late
+    t._redeliver()
+    assert late.stats["redeliveries"] == 0 and t.stats()["rebalance_held"] == 1
+    assert KEEP_THROUGH_REBALANCE_S + 10 < CLAIM_WAIT_MAX_S, "a holder stops well before"
+    t._on_assigned([0, 1], 6)
+    assert t._rebalance_began is None
+
+
+def test_with_handoff_a_replica_the_group_has_dropped_still_holds_back() -> None:
+    h = Harness(partitions=(0,), handoff=True)
+    h.claim(0)
+    t = h.tracker
+    h.group.metadata = GROUP_METADATA._replace(generation_id=-1, state=MemberState.UNJOINED)
+    t._redeliver()
+    assert h.states[0].stats["redeliveries"] == 0 and t.stats()["rebalance_held"] == 1
+
+
+def own_view(h: Harness, holder_names: frozenset[int]) -> OwnerWatch:
+    """This replica's own beacon read back just now, and replica 99, heard 0.1 s ago,
+    naming ``holder_names``."""
+    watch = h.tracker._owners
+    assert watch is not None
+    now = time.monotonic()
+    watch.heard(99, holder_names, 100.0, now - 0.1)
+    watch.heard(h.tracker._nonce, frozenset(h.tracker._states), now - 0.05, now - 0.05)
+    return watch
+
+
+def test_with_handoff_a_partition_a_live_replica_holds_is_claimed_once_it_lets_go() -> None:
+    """Given partition 2 while replica 99 still names it, this replica reads it but does not
+    claim it (the claim could end 99's transaction as it commits); once 99's newer owns
+    entry leaves it out, it claims, then acts on nothing until a probe written after the
+    claim is read back (99 may have redelivered from it just before letting go)."""
+    h = Harness(partitions=(0, 1), handoff=True)
+    h.claim(0, 1)
+    t = h.tracker
+    watch = own_view(h, frozenset({2}))
+    t._on_assigned([0, 1, 2], 6)
+    assert 2 in t._states and 2 not in h.producers.made, "tracked, not claimed"
+    assert t.stats()["claim_waits"] == 1 and 2 in t._reclaim
+    state = t._states[2] = expired_state(2)
+    t._redeliver()
+    assert 2 not in h.producers.made and state.stats["redeliveries"] == 0
+    assert t.stats()["claim_waits"] == 1, "one wait, not one per round"
+    now = time.monotonic()
+    watch.heard(99, frozenset({1}), 99.0, now)  # older, read later: changes nothing
+    watch.heard(99, frozenset(), 101.0, now)  # let go
+    watch.heard(99, frozenset({2}), 100.5, now)  # older again
+    t._redeliver()
+    assert len(h.producers.made[2]) == 1, "claimed"
+    assert state.stats["redeliveries"] == 0, "not before a probe written since the claim"
+    state.on_record(11, encode_entries([state.probe(now)], []), now)
+    t._redeliver()
+    assert state.stats["redeliveries"] == 1 and t._claim_wanted == {}
+
+
+def test_with_handoff_a_claim_waits_at_most_claim_wait_max_s() -> None:
+    h = Harness(partitions=(0,), handoff=True)
+    h.claim(0)
+    t = h.tracker
+    own_view(h, frozenset({2}))
+    t._on_assigned([0, 2], 6)
+    assert 2 not in h.producers.made
+    t._claim_wanted[2] -= CLAIM_WAIT_MAX_S
+    t._redeliver()
+    assert len(h.producers.made[2]) == 1, "claimed anyway"
+
+
+def test_with_handoff_a_replica_that_has_not_read_its_own_beacons_back_waits() -> None:
+    """A replica that has read no own beacon back (just started, still replaying) cannot
+    tell who holds what; one whose partition nobody else names claims at once."""
+    h = Harness(partitions=(0,), handoff=True)
+    h.claim(0)
+    t = h.tracker
+    t._on_assigned([0, 2], 6)
+    assert 2 not in h.producers.made and t.stats()["claim_waits"] == 1
+    own_view(h, frozenset({1}))
+    t._on_assigned([0, 2, 3], 7)
+    assert len(h.producers.made[2]) == 1 and len(h.producers.made[3]) == 1
+    assert 3 not in t._reclaim, "not waited for: no probe since the claim needed"
+
+
+def test_without_handoff_an_assigned_partition_is_claimed_at_once() -> None:
+    h = Harness(partitions=(0,))
+    h.claim(0)
+    t = h.tracker
+    own_view(h, frozenset({2}))
+    t._on_assigned([0, 2], 6)
+    assert len(h.producers.made[2]) == 1 and t.stats()["claim_waits"] == 0
 
 
 def test_a_cooperative_rebalance_holds_nothing_back() -> None:

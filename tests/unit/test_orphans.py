@@ -266,3 +266,48 @@ def test_a_replica_before_owns_entries_reads_one_as_a_probe_it_does_not_know() -
     state.on_record(0, owns_record(OTHER, {1}, 1.0), 1.5)
     assert state.stats["beacon_read"] == 1 and state.stats["owns_read"] == 0
     assert state.stats["bad_marker"] == 0
+
+
+def formed(w: OwnerWatch, at: float = 10.0) -> None:
+    """This replica's own beacon, sent at ``at``, read back at once."""
+    w.heard(ME, frozenset({0}), at, at)
+
+
+@pytest.mark.parametrize(
+    ("entries", "clear"),
+    [
+        ([], True),  # nobody else names it
+        ([(OTHER, {5}, 9.0, 9.5)], False),  # a live replica holds it
+        ([(OTHER, {5}, 9.0, 9.5), (OTHER, {1}, 9.8, 9.9)], True),  # and let it go
+        ([(OTHER, {1}, 9.8, 9.9), (OTHER, {5}, 9.0, 9.95)], True),  # older, read later
+        ([(OTHER, {5}, 9.0, 9.5), (OTHER, {5, 1}, 9.8, 9.9)], False),  # holds it still
+        ([(OTHER, {5}, 7.0, 7.5)], True),  # silent for 2.5 s: gone (adoption's silence)
+        ([(OTHER, {5}, 7.0, 7.5), (THIRD, {1}, 9.0, 9.9)], True),
+        ([(OTHER, {1}, 9.0, 9.9), (THIRD, {5}, 9.0, 9.9)], False),  # another holds it
+        ([(ME, {5}, 9.0, 9.0)], True),  # this replica's own naming
+    ],
+)  # fmt: skip
+def test_a_partition_is_clear_to_claim_once_no_live_replica_names_it_last(
+    entries: list[tuple[int, set[int], float, float]], clear: bool
+) -> None:
+    w = watch()
+    for clock, partitions, sent, read in entries:
+        w.heard(clock, frozenset(partitions), sent, read)
+    formed(w)
+    assert w.clear_to_claim(5, 10.1) is clear
+
+
+def test_nothing_is_clear_to_claim_before_an_own_beacon_is_read_back_or_once_that_is_old() -> None:
+    w = watch()
+    assert not w.clear_to_claim(5, 10.0), "no view formed yet"
+    formed(w)
+    assert w.clear_to_claim(5, 10.0 + STALE_VIEW_S - 0.1)
+    assert not w.clear_to_claim(5, 10.0 + STALE_VIEW_S), "a view too old to tell"
+
+
+def test_a_replica_forgotten_as_stale_names_nothing() -> None:
+    w = OwnerWatch(ME, SILENCE_S, window_s=30.0)
+    w.heard(OTHER, frozenset({5}), 0.0, 1.0)
+    w.forget_stale(40.0)
+    formed(w, 40.0)
+    assert w.clear_to_claim(5, 40.0)
