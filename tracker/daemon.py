@@ -503,6 +503,7 @@ class Tracker:
         self._sync_offsets()
         self._peek_owns()
         self._adopt()
+        self._yield_adopted()
         self._probe()
         began = time.monotonic()
         self._redeliver()
@@ -700,6 +701,32 @@ class Tracker:
         self._kept.update(orphans)
         self._tenure.held(orphans, self._kc.group_metadata().generation_id)
         self._take(orphans, adopted=True)
+
+    def _yield_adopted(self) -> None:
+        """Let go of the adopted partitions that the group, in a settled generation, gives
+        to another replica which names them again (one frozen past its silence, fenced by
+        the adoption, then given them back): with handoff it claims them only once this
+        replica has let them go, so holding them to the next assignment would keep it
+        waiting up to :data:`CLAIM_WAIT_MAX_S` and then end this one's transaction anyway.
+        Only between rounds, so no transaction of this replica's is open on them; it says
+        so at its next beacon, at once (:meth:`_drop`)."""
+        owners = self._owners
+        if not self._handoff or owners is None or not self._kept:
+            return
+        if self._kc.group_metadata().state is not MemberState.STABLE:
+            return  # the assignment is not settled: it may give them to this replica
+        topic = self.config.marker_topic
+        assigned = {tp.partition for tp in self._kc.assignment() if tp.topic == topic}
+        named = owners.named_elsewhere(time.monotonic())
+        mine = [p for p in self._kept if p in self._states and p not in assigned]
+        going = sorted(p for p in mine if p in named)
+        if not going:
+            return
+        log.info("markers partitions %s: adopted, and named again by a live replica the "
+                 "group gives them to; letting them go", going)  # fmt: skip
+        self._retired["adopted_let_go"] += len(going)
+        self._kept.difference_update(going)
+        self._drop(going, revoked=False)
 
     def _send_probe(self, partition: int, entries: list[Entry], texts: list[bytes]) -> None:
         try:
@@ -1198,7 +1225,7 @@ class Tracker:
             return
         self._drop(partitions)
 
-    def _drop(self, partitions: list[int]) -> None:
+    def _drop(self, partitions: list[int], revoked: bool = True) -> None:
         for partition in partitions:
             self._fresh.discard(partition)
             self._reclaim.discard(partition)
@@ -1211,8 +1238,9 @@ class Tracker:
             self._claim_wanted.pop(partition, None)
         self._caught_up.clear()
         self._next_beacon = 0.0  # say at once that they are let go (_claim_many)
-        self._retired["partitions_revoked"] += len(partitions)
-        log.info("revoked partitions %s", sorted(partitions))
+        if revoked:
+            self._retired["partitions_revoked"] += len(partitions)
+            log.info("revoked partitions %s", sorted(partitions))
 
     def _on_assigned(self, assigned: list[int], generation: int | None = None) -> None:
         """``assigned``: the whole assignment (eager), or what it gained (cooperative), in

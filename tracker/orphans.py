@@ -157,17 +157,23 @@ class OwnerWatch:
         (which, on the embedded broker, holds the partition's readers for good). False
         while the view is older than :data:`STALE_VIEW_S`, or was never formed (a replica
         that has not yet read its own beacons back cannot tell)."""
+        if now - self._current >= STALE_VIEW_S:
+            return False
+        return partition not in self.named_elsewhere(now)
+
+    def named_elsewhere(self, now: float) -> set[int]:
+        """The partitions that another replica heard from within :attr:`silence_s` before
+        the newest own beacon read back names in its newest owns entry: it holds them
+        still. Empty while the view is older than :data:`STALE_VIEW_S` (nothing can be told
+        from it)."""
         current, silence, own = self._current, self.silence_s, self.own
         if now - current >= STALE_VIEW_S:
-            return False
+            return set()
+        named: set[int] = set()
         for clock, (_, partitions) in self._latest.items():
-            if (
-                clock != own
-                and partition in partitions
-                and current - self._heard[clock][0] < silence
-            ):
-                return False
-        return True
+            if clock != own and current - self._heard[clock][0] < silence:
+                named |= partitions
+        return named
 
     def reassigned(self, now: float, mine: Iterable[int]) -> None:
         """The group has just given this replica ``mine`` (and every other partition to

@@ -1341,6 +1341,57 @@ def test_a_silent_owners_partition_is_adopted_claimed_and_left_at_the_next_assig
     )
 
 
+def adopted_2_with_handoff() -> tuple[Harness, OwnerWatch]:
+    """A replica with handoff, given 0 and 1, that has adopted 2 from silent replica 99."""
+    h = Harness(partitions=(0, 1), handoff=True)
+    t = h.tracker
+    h.claim(0, 1)
+    watch = silent_owner_of_2(h)
+    now = time.monotonic()
+    watch.heard(t._nonce, frozenset({0, 1}), now - 0.2, now - 0.1)
+    t._adopt()
+    assert t.partitions() == [0, 1, 2] and h.writers.get(2) is not None
+    return h, watch
+
+
+def test_an_adopted_partition_is_let_go_once_its_assignee_names_it_again() -> None:
+    """Replica 99 wakes, is fenced by the adoption, and takes partition 2 up again, since
+    the settled generation still gives it 2: it names 2 and waits for this replica to let
+    go (handoff), so this one does, between rounds, and says so at once."""
+    h, watch = adopted_2_with_handoff()
+    t = h.tracker
+    t._yield_adopted()
+    assert t.partitions() == [0, 1, 2], "nobody live names it: kept"
+    t._next_beacon = 99.0
+    now = time.monotonic()
+    watch.heard(99, frozenset({2}), 200.0, now)  # 99 again, read just now
+    watch.heard(t._nonce, frozenset({0, 1, 2}), now, now)
+    t._yield_adopted()
+    assert t.partitions() == [0, 1] and h.writers.get(2) is None and 2 not in t._kept
+    assert t._next_beacon == 0.0, "says at once that it has let 2 go"
+    assert t.stats()["adopted_let_go"] == 1 and t.stats()["partitions_revoked"] == 0
+
+
+@pytest.mark.parametrize("why", ["rebalancing", "assigned here", "no handoff"])
+def test_an_adopted_partition_named_elsewhere_is_kept_while_the_group_may_give_it_here(
+    why: str,
+) -> None:
+    h, watch = adopted_2_with_handoff()
+    t = h.tracker
+    if why == "rebalancing":
+        h.group.metadata = REBALANCING
+    elif why == "assigned here":
+        h.group.assigned = {0, 1, 2}
+    else:
+        t._handoff = False
+    now = time.monotonic()
+    watch.heard(99, frozenset({2}), 200.0, now)
+    watch.heard(t._nonce, frozenset({0, 1, 2}), now, now)
+    t._yield_adopted()
+    assert t.partitions() == [0, 1, 2] and h.writers.get(2) is not None
+    assert t.stats()["adopted_let_go"] == 0
+
+
 def test_a_partition_read_no_further_is_reported_once_and_not_while_kafka_is_lost(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
