@@ -1211,17 +1211,19 @@ class Tracker:
         self._commit(force=True, partitions=partitions)
         if self.config.rebalance != COOPERATIVE:
             # Eager: every replica gives up everything at every rebalance, to get most of
-            # it back. Until the assignment says, go on reading, but redeliver nothing: a
-            # replica given one of these claims it as soon as its assignment arrives, which
-            # may be before this one's. On Apache Kafka that claim would only fence a round
-            # still running here, but on the embedded broker a claim that ends a transaction
-            # while its holder commits it holds the partition's readers for good
-            # (bench.broker_txn_race; chaos runs 37, 38, 43, 53). Adopted partitions are
-            # held back too: the assignment may give them to someone else as well.
+            # it back. Until the assignment says, go on reading. Without handoff, redeliver
+            # nothing: a replica given one of these claims it as soon as its assignment
+            # arrives, which may be before this one's, and on the embedded broker a claim
+            # that ends a transaction while its holder commits it holds the partition's
+            # readers for good (bench.broker_txn_race; chaos runs 37, 38, 43, 53). With
+            # handoff, that claim waits for this replica to let go (_holding, _claim_many).
+            # Adopted partitions are kept the same way.
             self._kept.update(partitions)
             self._rebalancing = True
-            log.info("rebalancing: keeping partitions %s until the next assignment, "
-                     "redelivering nothing meanwhile", sorted(partitions))  # fmt: skip
+            log.info("rebalancing: keeping partitions %s until the next assignment, %s",
+                     sorted(partitions),
+                     "redelivering from them meanwhile" if self._handoff
+                     else "redelivering nothing meanwhile")  # fmt: skip
             return
         self._drop(partitions)
 
