@@ -717,8 +717,8 @@ class Consumer:
         tracker that hears no reader of a queue knows that none is there, rather than that
         the readers are idle: an idle owner passed over meant a copy left on a killed
         spare reader's partition, which no group member reads, was never copied toward it."""
-        if not self._retry_reading or now < self._next_announce:
-            return
+        if self._at_most_once or not self._retry_reading or now < self._next_announce:
+            return  # at-most-once writes no markers at all
         self._next_announce = now + _ANNOUNCE_S
         quiet = self._writer.quiet_partitions(now - _ANNOUNCE_S)
         if quiet:

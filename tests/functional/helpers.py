@@ -190,7 +190,9 @@ def read_markers(
     bootstrap_servers: str, topics: Any, timeout_s: float = 10.0
 ) -> list[NamedMarker]:
     """Every decodable marker on ``topics.markers``, named after the record it is about
-    (read from ``topics.queue`` or, for the retry lane, ``topics.retry``)."""
+    (read from ``topics.queue`` or, for the retry lane, ``topics.retry``). A PROBE is about
+    no record (a tracker's probe or beacon, or a consumer's "still here", whose fields at
+    zero would name whatever record sits at offset 0): it is named after none."""
     names: dict[tuple[int, int, int], tuple[str, str]] = {}
     for lane, topic in ((QUEUE_LANE, topics.queue), (RETRY_LANE, topics.retry)):
         for record in read_records(bootstrap_servers, topic, timeout_s):
@@ -202,7 +204,9 @@ def read_markers(
         with contextlib.suppress(MarkerDecodeError):
             for marker in decode_all(record.value):
                 where = (marker.lane, marker.partition, marker.offset)
-                queue, message_id = names.get(where, ("", ""))
+                queue, message_id = (
+                    ("", "") if marker.type is MarkerType.PROBE else names.get(where, ("", ""))
+                )
                 out.append(NamedMarker(marker, queue, message_id))
     return out
 

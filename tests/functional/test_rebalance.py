@@ -83,11 +83,17 @@ def test_a_tracker_replica_goes_on_redelivering_while_the_group_rebalances(
     service: kmq.Service, tracker_config: TrackerConfig, children: Children
 ) -> None:
     """An eager rebalance takes every markers partition from every replica, and it can wait
-    a session timeout for a dead member. Here one waits for a frozen replica's 10 s session:
-    the replica already there reads the nacks on its partition and redelivers them while
-    the group still rebalances, because a replica given one of its partitions claims it
-    only once it has let go (README, Handoff): no claim meets one of its commits, and it is
-    never fenced. Once the group has settled, every nacked message is redelivered."""
+    a session timeout for a dead member. Here a replica is frozen and another joins: the
+    replica already there reads the nacks on its partition and redelivers them while the
+    group still rebalances, because a replica given one of its partitions claims it only
+    once it has let go (README, Handoff): no claim meets one of its commits, and it is
+    never fenced. Once the group has settled, every nacked message is redelivered.
+
+    The embedded broker ends such a rebalance about a second after the join, whatever the
+    frozen member's session, and the copies come back half a second after their nacks: a
+    race that a loaded machine lost once in a fresh clone. So a round whose copies came
+    back only after the group had settled tells nothing, and is staged again with the next
+    batch of held messages and another joining replica, up to three times."""
     first = RunningTracker(tracker_config)
     extra: list[RunningTracker] = []
     try:
@@ -108,42 +114,55 @@ def test_a_tracker_replica_goes_on_redelivering_while_the_group_rebalances(
 
         q = service.queue("jobs")
         producer = q.producer()
-        sent = [producer.send(b"%d" % i) for i in range(16)]
-        ours = {m for m in sent if marker_partition(m, PARTITIONS) == mine}
-        assert ours, "some of the 16 have their markers on this replica's partition"
-        with q.consumer(max_in_flight=64) as consumer:  # above the retry reserve
-            held: list[kmq.Message] = []
+        sent: list[str] = []
+        while sum(marker_partition(m, PARTITIONS) == mine for m in sent) < 3 * 4:
+            sent.append(producer.send(b"%d" % len(sent)))
+        ours = [m for m in sent if marker_partition(m, PARTITIONS) == mine]
+        batches = [set(ours[i::3]) for i in range(3)]
+        outcomes: list[str] = []
+        with q.consumer(max_in_flight=len(sent) + 16) as consumer:  # above the retry reserve
+            held: dict[str, kmq.Message] = {}
             deadline = time.monotonic() + 30
             while len(held) < len(sent) and time.monotonic() < deadline:
                 msg = consumer.receive(timeout_s=0.2)
                 if msg is not None:
-                    held.append(msg)
-            assert {m.id for m in held} == set(sent)
-
+                    held[msg.id] = msg
+            assert set(held) == set(sent)
             os.kill(frozen.pid, signal.SIGSTOP)
-            extra.append(RunningTracker(tracker_config))  # its join starts a rebalance
-            wait_until(lambda: not first.tracker.view().group_stable, 20, "the rebalance")
-            for msg in held:
-                msg.nack(delay_s=0)
-            copies: set[str] = set()
-            stable_then: bool | None = None
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                msg = consumer.receive(timeout_s=0.2)
-                if msg is not None:
-                    assert msg.attempt > 1, "only copies are left to take"
-                    copies.add(msg.id)
-                    msg.ack()
-                if ours <= copies:
-                    stable_then = first.tracker.view().group_stable
+            for batch in batches:
+                began = time.monotonic()
+                extra.append(RunningTracker(tracker_config))  # its join starts a rebalance
+                wait_until(lambda: not first.tracker.view().group_stable, 20, "the rebalance")
+                for message_id in batch:
+                    held.pop(message_id).nack(delay_s=0)
+                copies: set[str] = set()
+                stable_then: bool | None = None
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    msg = consumer.receive(timeout_s=0.2)
+                    if msg is not None:
+                        assert msg.attempt > 1, "only copies are left to take"
+                        copies.add(msg.id)
+                        msg.ack()
+                    if batch <= copies:
+                        stable_then = first.tracker.view().group_stable
+                        break
+                assert batch <= copies, "this replica's partition's nacked messages came back"
+                outcomes.append(
+                    f"{'after' if stable_then else 'during'} the rebalance, "
+                    f"{time.monotonic() - began:.1f} s after the join began"
+                )
+                wait_until(lambda: first.tracker.view().group_stable, 30, "the group to settle")
+                if not stable_then:
                     break
-            assert ours <= copies, "this replica's partition's nacked messages came back"
-            assert stable_then is False, "and while the group still rebalanced"
+            assert outcomes[-1].startswith("during"), f"copies came back: {outcomes}"
             assert first.tracker.stats()["rebalance_held"] == 0
-            wait_until(lambda: first.tracker.view().group_stable, 30, "the group to settle")
+            for msg in held.values():
+                msg.ack()
+            nacked = sum(map(len, batches[: len(outcomes)]))
             replicas = [first, *extra]
             wait_until(
-                lambda: sum(r.tracker.stats()["redeliveries"] for r in replicas) >= len(sent),
+                lambda: sum(r.tracker.stats()["redeliveries"] for r in replicas) >= nacked,
                 20,
                 "every nacked message to be redelivered once the group has settled",
             )

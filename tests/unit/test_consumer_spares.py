@@ -62,6 +62,7 @@ def idle_consumer() -> Any:
     consumer._adopted = Adopted(hold_s=12.0)
     consumer._noticed = frozenset()
     consumer._notices_version = -1
+    consumer._at_most_once = False
     return consumer
 
 
@@ -190,3 +191,13 @@ def test_a_consumer_reading_nothing_of_the_retry_lane_says_nothing() -> None:
     consumer._next_announce = 0.0
     consumer._follow_queue_partitions()
     assert consumer._retry_reading == frozenset() and announced(consumer, 10.0) == []
+
+
+def test_an_at_most_once_consumer_writes_no_markers_not_even_to_say_it_reads() -> None:
+    consumer = idle_consumer()
+    consumer._at_most_once = True
+    consumer._writer = StubMarkerWriter()
+    consumer._next_announce = 0.0
+    consumer._assigned = frozenset({0})
+    consumer._follow_queue_partitions()
+    assert consumer._retry_reading and announced(consumer, 10.0) == []
