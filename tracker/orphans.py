@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from tracker.handover import CLOCK_WINDOW_S
 
 _OWNS = b"owns "
+_READY = b"ready "
 
 MAX_OWNED = 4096
 """At most this many partitions are named by one owns entry (the rest are not adopted
@@ -65,6 +66,21 @@ def parse_owns(text: bytes) -> tuple[int, frozenset[int]] | None:
     return int(clock), frozenset(partitions)
 
 
+def ready_text(clock: int, partitions: Iterable[int]) -> bytes:
+    """The text of a *ready* entry, written beside the owns entry: of the partitions the
+    replica whose clock is ``clock`` holds, those it has replayed to their end, so that it
+    could redeliver from them at once (a holder hands one over only then: :mod:`tracker.
+    daemon`, Handoff)."""
+    return _READY + owns_text(clock, partitions)[len(_OWNS) :]
+
+
+def parse_ready(text: bytes) -> tuple[int, frozenset[int]] | None:
+    """``(clock, partitions)`` from a *ready* entry's text; ``None`` for any other text."""
+    if not text.startswith(_READY):
+        return None
+    return parse_owns(_OWNS + text[len(_READY) :])
+
+
 def _rank(clock: int, partition: int) -> bytes:
     return hashlib.blake2b(b"%d:%d" % (clock, partition), digest_size=8).digest()
 
@@ -91,6 +107,9 @@ class OwnerWatch:
         self._current = float("-inf")
         """The send time (own clock) of the newest own beacon read back: every beacon
         written before it was on the broker, has been read."""
+        self._ready: dict[int, tuple[float, frozenset[int]]] = {}
+        """clock -> (sent at, partitions) of its newest *ready* entry. A clock missing
+        here writes none (a replica of kmq before them)."""
 
     def heard(self, clock: int, partitions: frozenset[int], sent_s: float, now: float) -> None:
         """An *owns* entry of ``clock`` naming ``partitions``, sent at ``sent_s`` on its
@@ -104,6 +123,30 @@ class OwnerWatch:
         named = self._named
         for partition in partitions:
             named[partition] = (now, clock)
+
+    def heard_ready(
+        self, clock: int, partitions: frozenset[int], sent_s: float, now: float
+    ) -> None:
+        """A *ready* entry of ``clock`` naming ``partitions``, sent at ``sent_s`` on its
+        writer's clock, was read at ``now`` (beside an owns entry, fed to :meth:`heard`)."""
+        latest = self._ready.get(clock)
+        if latest is None or sent_s >= latest[0]:
+            self._ready[clock] = (sent_s, partitions)
+
+    def ready_elsewhere(self, now: float) -> set[int]:
+        """Of :meth:`named_elsewhere`, the partitions whose namer can redeliver from them at
+        once: it names them in its newest *ready* entry too (it has replayed them), or it
+        writes no ready entries at all (a replica before them, which never says)."""
+        current, silence, own = self._current, self.silence_s, self.own
+        if now - current >= STALE_VIEW_S:
+            return set()
+        out: set[int] = set()
+        for clock, (_, partitions) in self._latest.items():
+            if clock == own or current - self._heard[clock][0] >= silence:
+                continue
+            ready = self._ready.get(clock)
+            out |= partitions if ready is None else partitions & ready[1]
+        return out
 
     def orphans(self, now: float, mine: Iterable[int]) -> list[int]:
         """The partitions this replica should adopt now: named lately, last by another
@@ -196,3 +239,4 @@ class OwnerWatch:
         for clock in [c for c, (at, _) in self._heard.items() if now - at > window]:
             del self._heard[clock]
             self._latest.pop(clock, None)
+            self._ready.pop(clock, None)

@@ -32,7 +32,7 @@ from tracker.handover import (
     parse_tick,
     tick_text,
 )
-from tracker.orphans import OwnerWatch, parse_owns
+from tracker.orphans import OwnerWatch, parse_owns, parse_ready
 
 log = logging.getLogger(__name__)
 
@@ -637,6 +637,10 @@ class PartitionState:
                 if owns is not None:
                     self.stats["owns_read"] += 1
                     self.owners.heard(owns[0], owns[1], entry[3] / 1000, now)
+                else:
+                    ready = parse_ready(text)
+                    if ready is not None:
+                        self.owners.heard_ready(ready[0], ready[1], entry[3] / 1000, now)
         elif self._handover is not None and text and replayed:
             tick = parse_tick(entry[3], text)
             if tick is not None:

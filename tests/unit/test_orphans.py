@@ -9,7 +9,15 @@ from hypothesis import strategies as st
 
 from kmq.markers import MarkerType, encode_entries
 from tracker.handover import beacon_text
-from tracker.orphans import MAX_OWNED, STALE_VIEW_S, OwnerWatch, owns_text, parse_owns
+from tracker.orphans import (
+    MAX_OWNED,
+    STALE_VIEW_S,
+    OwnerWatch,
+    owns_text,
+    parse_owns,
+    parse_ready,
+    ready_text,
+)
 from tracker.state import PartitionState, floor_ms
 
 SILENCE_S = 2.0
@@ -311,3 +319,82 @@ def test_a_replica_forgotten_as_stale_names_nothing() -> None:
     w.forget_stale(40.0)
     formed(w, 40.0)
     assert w.clear_to_claim(5, 40.0)
+
+
+@given(
+    st.integers(0, 2**32 - 1),
+    st.sets(st.integers(0, 10**9 - 1), max_size=50),
+)
+def test_a_ready_text_names_its_clock_and_partitions(clock: int, partitions: set[int]) -> None:
+    text = ready_text(clock, partitions)
+    assert parse_ready(text) == (clock, frozenset(partitions))
+    assert parse_owns(text) is None, "never taken for an owns entry"
+    assert parse_ready(owns_text(clock, partitions)) is None
+
+
+@pytest.mark.parametrize("text", [b"", b"ready", b"ready 1 a", b"ready x 1", b"owns 1 2"])
+def test_a_text_that_is_not_a_ready_entry_names_nothing(text: bytes) -> None:
+    assert parse_ready(text) is None
+
+
+@pytest.mark.parametrize(
+    ("owns", "ready", "expected"),
+    [
+        ([(OTHER, {5, 6}, 9.0)], [], {5, 6}),  # writes no ready entry: a replica before them
+        ([(OTHER, {5, 6}, 9.0)], [(OTHER, set(), 9.0)], set()),  # replaying both
+        ([(OTHER, {5, 6}, 9.0)], [(OTHER, {6}, 9.0)], {6}),
+        ([(OTHER, {5, 6}, 9.0)], [(OTHER, {6}, 9.0), (OTHER, set(), 8.0)], {6}),  # older
+        ([(OTHER, {5}, 9.0)], [(OTHER, {5, 6}, 9.0)], {5}),  # ready, but not named now
+        ([(OTHER, {5}, 9.0), (OTHER, set(), 9.5)], [(OTHER, {5}, 9.0)], set()),  # let go
+        ([(OTHER, {5}, 7.0)], [(OTHER, {5}, 7.0)], set()),  # silent past the silence
+        ([(ME, {5}, 9.0)], [(ME, {5}, 9.0)], set()),  # this replica's own
+        ([(OTHER, {5}, 9.0), (THIRD, {6}, 9.0)], [(THIRD, set(), 9.0)], {5}),
+    ],
+)  # fmt: skip
+def test_a_partition_is_ready_elsewhere_once_a_live_replica_names_it_replayed(
+    owns: list[tuple[int, set[int], float]],
+    ready: list[tuple[int, set[int], float]],
+    expected: set[int],
+) -> None:
+    w = watch()
+    for clock, partitions, sent in owns:
+        w.heard(clock, frozenset(partitions), sent, sent + 0.5)
+    for clock, partitions, sent in ready:
+        w.heard_ready(clock, frozenset(partitions), sent, sent + 0.5)
+    formed(w)
+    assert w.ready_elsewhere(10.1) == expected
+    assert w.ready_elsewhere(10.0 + STALE_VIEW_S) == set(), "a view too old to tell"
+
+
+def test_a_replica_forgotten_as_stale_is_ready_for_nothing() -> None:
+    w = OwnerWatch(ME, SILENCE_S, window_s=30.0)
+    w.heard(OTHER, frozenset({5}), 0.0, 1.0)
+    w.heard_ready(OTHER, frozenset({5}), 0.0, 1.0)
+    w.forget_stale(40.0)
+    w.heard(OTHER, frozenset({5}), 39.0, 39.5)  # back, and replaying it
+    w.heard_ready(OTHER, frozenset(), 39.0, 39.5)
+    formed(w, 40.0)
+    assert w.ready_elsewhere(40.0) == set()
+
+
+def test_a_partition_state_passes_ready_entries_read_live_to_its_owner_watch() -> None:
+    w = watch()
+    state = PartitionState(0, probe_nonce=ME, owners=w)
+    state.set_position(0)
+    state.set_end_offset(1)
+
+    def record(sent_s: float, ready: set[int]) -> bytes:
+        owns, text = owns_text(OTHER, {5}), ready_text(OTHER, ready)
+        entries = [
+            (int(MarkerType.PROBE), 0, 0, floor_ms(sent_s), 0, 0, 0, len(owns)),
+            (int(MarkerType.PROBE), 0, 0, floor_ms(sent_s), 0, 0, 0, len(text)),
+        ]
+        return encode_entries(entries, [owns, text])
+
+    state.on_record(0, record(0.5, {5}), 1.0)  # replayed: old news
+    state.on_record(1, record(8.0, set()), 9.0)
+    formed(w)
+    assert w.ready_elsewhere(10.0) == set()
+    state.on_record(2, record(9.5, {5}), 9.9)
+    assert w.ready_elsewhere(10.0) == {5}
+    assert state.stats["bad_marker"] == 0
