@@ -44,7 +44,7 @@ from tracker.fencing import FenceWatch, PartitionWriters, Tenure
 from tracker.handover import BEACON_S, ClockBounds, beacon_text
 from tracker.health import BrokerLink, ProbeServer
 from tracker.notices import UnreadNotices
-from tracker.orphans import OwnerWatch, owns_text
+from tracker.orphans import OwnerWatch, owns_text, ready_text
 from tracker.peek import OwnsPeek, to_peek
 from tracker.readers import LATELY_S, LiveReaders
 from tracker.redeliver import TXN_TIMEOUT_S, Copy, Redeliverer, RoundOutcome, copy_of
@@ -85,6 +85,11 @@ CLAIM_WAIT_MAX_S = 30.0
 still names it (in its beacons' owns entries) to let it go before claiming it anyway
 (:meth:`Tracker._claim_many`). Longer than :data:`KEEP_THROUGH_REBALANCE_S` plus one
 transaction's calls (10 s), so a holder stuck in a long rebalance has stopped by then."""
+HANDOFF_MAX_S = 20.0
+"""How long a replica goes on serving a markers partition the group has given to another
+replica, waiting for that one to say it has replayed it (:meth:`Tracker._hand_off`). Well
+below :data:`CLAIM_WAIT_MAX_S`, so that the assignee's claim made anyway meets no
+transaction of this one's."""
 KEEP_THROUGH_REBALANCE_S = 15.0
 """How long an eager rebalance may last before the replica stops redelivering from the
 partitions it keeps through it (:meth:`Tracker._holding`)."""
@@ -135,6 +140,10 @@ class Tracker:
         :meth:`_holding` and :meth:`_on_revoked`."""
         self._rebalance_began: float | None = None
         """When this replica first saw the rebalance under way (monotonic)."""
+        self._handing: dict[int, float] = {}
+        """With handoff: partitions the group gives to another replica that this one goes on
+        reading and redelivering from, never committing, until that one has replayed them
+        (:meth:`_hand_off`), and since when."""
         self._claim_wanted: dict[int, float] = {}
         """Partitions held whose claim waits for another replica to let them go, and since
         when (:meth:`_claim_many`)."""
@@ -504,6 +513,7 @@ class Tracker:
         self._peek_owns()
         self._adopt()
         self._yield_adopted()
+        self._hand_off()
         self._probe()
         began = time.monotonic()
         self._redeliver()
@@ -624,6 +634,7 @@ class Tracker:
         # silent, another can take those up (tracker.orphans). A replica before that reads
         # the second entry as a PROBE it does not know, and passes over it.
         owns = owns_text(self._nonce, self._states)
+        ready = ready_text(self._nonce, self._ready())
         probe = int(MarkerType.PROBE)
         self._beacon_partitions = self._partition_count(self.config.marker_topic)
         for partition in range(self._beacon_partitions):
@@ -631,8 +642,16 @@ class Tracker:
             entries: list[Entry] = [
                 (probe, 0, partition, sent_ms, 0, 0, 0, len(text)),
                 (probe, 0, partition, sent_ms, 0, 0, 0, len(owns)),
+                (probe, 0, partition, sent_ms, 0, 0, 0, len(ready)),
             ]
-            self._send_probe(partition, entries, [text, owns])
+            self._send_probe(partition, entries, [text, owns, ready])
+
+    def _ready(self) -> list[int]:
+        """The partitions a holder handing one over waits for this replica to name in its
+        *ready* entry (:meth:`_hand_off`): held, replayed to the end, and not being handed
+        over by this one. Read by the voucher's thread too: a dict copy and plain reads."""
+        handing = self._handing
+        return [p for p, s in list(self._states.items()) if not s.replaying and p not in handing]
 
     def _vouch_due(self, now: float, last: float) -> bool:
         return (
@@ -647,10 +666,14 @@ class Tracker:
         record. Reads only what one dict copy and plain attributes give, and writes with
         the (thread-safe) plain producer."""
         owns = owns_text(self._nonce, frozenset(self._states))  # RuntimeError: next time
+        ready = ready_text(self._nonce, self._ready())
         sent_ms, probe = floor_ms(now), int(MarkerType.PROBE)
         for partition in range(self._beacon_partitions):
-            entry: Entry = (probe, 0, partition, sent_ms, 0, 0, 0, len(owns))
-            value = encode_entries([entry], [owns])
+            entries: list[Entry] = [
+                (probe, 0, partition, sent_ms, 0, 0, 0, len(owns)),
+                (probe, 0, partition, sent_ms, 0, 0, 0, len(ready)),
+            ]
+            value = encode_entries(entries, [owns, ready])
             self._producer.send(self.config.marker_topic, value=value, partition=partition)
         self._retired["owns_vouched"] += 1
 
@@ -723,9 +746,57 @@ class Tracker:
         if not going:
             return
         log.info("markers partitions %s: adopted, and named again by a live replica the "
-                 "group gives them to; letting them go", going)  # fmt: skip
+                 "group gives them to; letting them go once it has replayed them",
+                 going)  # fmt: skip
         self._retired["adopted_let_go"] += len(going)
         self._kept.difference_update(going)
+        self._hand_over(going, {}, revoked=False)
+
+    def _hand_over(
+        self, partitions: list[int], since: dict[int, float], revoked: bool = True
+    ) -> None:
+        """The group gives ``partitions`` to another replica. Without handoff, let them go
+        now. With it, go on serving those this replica can redeliver from (claimed) until
+        the new holder has replayed them (:meth:`_hand_off`): it claims them only once this
+        one lets go, and could redeliver nothing before its replay anyway, so letting go at
+        once only left their due deliveries waiting out that replay (full chaos run 62:
+        copies 13 to 16 s late, an adopter letting go as a restarted replica was given
+        its partitions). ``since``: when each began to be handed over, if it did before."""
+        now = time.monotonic()
+        if revoked and (new := sorted(p for p in partitions if p not in since)):
+            self._retired["partitions_revoked"] += len(new)
+            log.info("revoked partitions %s", new)
+        unclaimed = [p for p in partitions if not self._handoff or self._writers.get(p) is None]
+        if unclaimed:
+            self._drop(unclaimed, revoked=False)
+        for partition in partitions:
+            if partition not in unclaimed:
+                self._handing[partition] = since.get(partition, now)
+
+    def _hand_off(self) -> None:
+        """Let go of the partitions being handed over (:meth:`_hand_over`) that a live
+        replica now names as replayed in its *ready* entry (or that one of kmq before
+        those names at all), or that have waited :data:`HANDOFF_MAX_S`. Only between
+        rounds, so no transaction of this replica's is open on them; it says so at its next
+        beacon, at once (:meth:`_drop`), and the new holder claims them then."""
+        if not self._handing:
+            return
+        now = time.monotonic()
+        ready = self._owners.ready_elsewhere(now) if self._owners is not None else set()
+        going = sorted(
+            p for p, since in self._handing.items()
+            if p in ready or now - since >= HANDOFF_MAX_S or self._writers.get(p) is None
+        )  # fmt: skip
+        if not going:
+            return
+        late = [p for p in going if p not in ready]
+        if late:
+            log.warning("markers partitions %s: their new holder has not said it replayed "
+                        "them within %.0f s; letting them go anyway",
+                        late, HANDOFF_MAX_S)  # fmt: skip
+            self._retired["handoffs_unready"] += len(late)
+        self._retired["handed_off"] += len(going)
+        log.info("handed off partitions %s", going)
         self._drop(going, revoked=False)
 
     def _send_probe(self, partition: int, entries: list[Entry], texts: list[bytes]) -> None:
@@ -1020,6 +1091,7 @@ class Tracker:
         self._kept.discard(partition)
         self._reclaim.discard(partition)
         self._claim_wanted.pop(partition, None)
+        self._handing.pop(partition, None)
         self._tenure.forget(partition)
         self._fence_watch.fenced(
             partition, self._kc.group_metadata().generation_id, time.monotonic()
@@ -1225,7 +1297,7 @@ class Tracker:
                      "redelivering from them meanwhile" if self._handoff
                      else "redelivering nothing meanwhile")  # fmt: skip
             return
-        self._drop(partitions)
+        self._hand_over(partitions, {})
 
     def _drop(self, partitions: list[int], revoked: bool = True) -> None:
         for partition in partitions:
@@ -1238,6 +1310,7 @@ class Tracker:
             self._committed.pop(partition, None)
             self._writers.release(partition)
             self._claim_wanted.pop(partition, None)
+            self._handing.pop(partition, None)
         self._caught_up.clear()
         self._next_beacon = 0.0  # say at once that they are let go (_claim_many)
         if revoked:
@@ -1252,9 +1325,11 @@ class Tracker:
         self._rebalance_began = None
         self._retired["assignments"] += 1
         kept, self._kept = self._kept, set()
+        handing, self._handing = self._handing, {}
+        kept |= set(handing)  # assigned here again, or still handed over
         gone = sorted(p for p in kept - set(assigned) if p in self._states)
         if gone:
-            self._drop(gone)
+            self._hand_over(gone, handing)
         again = kept & set(assigned) & set(self._states)
         unbroken = self._tenure.unbroken(again, generation)
         if unbroken and generation is not None:

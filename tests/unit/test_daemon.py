@@ -38,6 +38,7 @@ from tests.unit.kafka_stubs import StubTxnProducer
 from tracker.config import TrackerConfig
 from tracker.daemon import (
     CLAIM_WAIT_MAX_S,
+    HANDOFF_MAX_S,
     KEEP_THROUGH_REBALANCE_S,
     Tracker,
     _Listener,
@@ -47,7 +48,7 @@ from tracker.fencing import FenceWatch, PartitionWriters, Tenure, transactional_
 from tracker.handover import BEACON_S, ClockBounds, parse_beacon, parse_tick
 from tracker.health import BrokerLink
 from tracker.notices import UnreadNotices
-from tracker.orphans import OwnerWatch, owns_text, parse_owns
+from tracker.orphans import OwnerWatch, owns_text, parse_owns, parse_ready
 from tracker.peek import HELD_S, OwnsPeek
 from tracker.readers import LiveReaders
 from tracker.redeliver import Redeliverer, copy_of
@@ -196,6 +197,7 @@ class Harness:
         t._rebalancing = False
         t._rebalance_began = None
         t._claim_wanted = {}
+        t._handing = {}
         t._handoff = handoff
         t._reclaim = set()
         t._reading = set(partitions)
@@ -664,6 +666,109 @@ def test_with_handoff_a_replica_that_has_not_read_its_own_beacons_back_waits() -
     t._on_assigned([0, 2, 3], 7)
     assert len(h.producers.made[2]) == 1 and len(h.producers.made[3]) == 1
     assert 3 not in t._reclaim, "not waited for: no probe since the claim needed"
+
+
+def given_2_elsewhere(h: Harness) -> OwnerWatch:
+    """Replica 7 held 0, 1 and 2; an eager rebalance gives 2 to replica 99 (generation 6).
+    Returns its owner watch, with its own beacon read back just now."""
+    t = h.tracker
+    h.claim(0, 1, 2)
+    t._on_assigned([0, 1, 2], 5)
+    t._on_revoked([0, 1, 2])
+    h.group.metadata = REBALANCING
+    h.group.assigned = {0, 1}
+    h.group.metadata = GROUP_METADATA._replace(generation_id=6)
+    t._on_assigned([0, 1], 6)
+    watch = t._owners
+    assert watch is not None
+    now = time.monotonic()
+    watch.heard(t._nonce, frozenset(t._states), now - 0.05, now - 0.05)
+    return watch
+
+
+def test_with_handoff_a_partition_given_away_is_served_until_its_new_holder_is_ready() -> None:
+    """Its new holder claims it only once this replica lets go, and redelivers nothing from
+    it before replaying it: so this one goes on redelivering from it (never committing)
+    until the new holder's *ready* entry names it, and only then lets go (full chaos run
+    62's late copies waited out that replay after their holder had let go)."""
+    h = Harness(partitions=(0, 1, 2), handoff=True)
+    t = h.tracker
+    watch = given_2_elsewhere(h)
+    assert t.partitions() == [0, 1, 2] and set(t._handing) == {2}
+    assert h.writers.get(2) is not None and t.stats()["partitions_revoked"] == 1
+    t._hand_off()
+    assert 2 in t._handing, "99 has not named it yet"
+    now = time.monotonic()
+    watch.heard(99, frozenset({2}), 100.0, now)
+    watch.heard_ready(99, frozenset(), 100.0, now)  # replaying it
+    t._hand_off()
+    assert 2 in t._handing
+    state = t._states[2] = expired_state(2)
+    t._redeliver()
+    assert state.stats["redeliveries"] == 1
+    t._commit(force=True)
+    assert all(2 not in c for c in h.group.commits[1:]), "never committed after the revoke"
+    watch.heard(99, frozenset({2}), 101.0, now)
+    watch.heard_ready(99, frozenset({2}), 101.0, now)
+    watch.heard_ready(99, frozenset(), 100.5, now)  # older, read later: changes nothing
+    t._next_beacon = 99.0
+    t._hand_off()
+    assert t.partitions() == [0, 1] and h.writers.get(2) is None and not t._handing
+    assert t._next_beacon == 0.0, "says at once that it has let 2 go"
+    assert t.stats()["handed_off"] == 1 and t.stats()["handoffs_unready"] == 0
+    assert t.stats()["partitions_revoked"] == 1, "counted once, at the assignment"
+
+
+def test_with_handoff_a_partition_is_let_go_after_handoff_max_s_all_the_same() -> None:
+    h = Harness(partitions=(0, 1, 2), handoff=True)
+    t = h.tracker
+    watch = given_2_elsewhere(h)
+    now = time.monotonic()
+    watch.heard(99, frozenset({2}), 100.0, now)
+    watch.heard_ready(99, frozenset(), 100.0, now)
+    t._handing[2] -= HANDOFF_MAX_S - 1
+    t._hand_off()
+    assert 2 in t._handing
+    t._handing[2] -= 1
+    t._hand_off()
+    assert t.partitions() == [0, 1] and t.stats()["handoffs_unready"] == 1
+    assert HANDOFF_MAX_S + 5 < CLAIM_WAIT_MAX_S, "let go well before the new holder claims"
+
+
+def test_with_handoff_a_partition_being_handed_off_and_given_back_is_claimed_anew() -> None:
+    """Given back in a later generation, it is this replica's again, claimed anew (the new
+    holder may have claimed it meanwhile) and gated on a probe written since."""
+    h = Harness(partitions=(0, 1, 2), handoff=True)
+    t = h.tracker
+    given_2_elsewhere(h)
+    h.group.assigned = {0, 1, 2}
+    h.group.metadata = GROUP_METADATA._replace(generation_id=8)
+    t._on_revoked([0, 1])
+    t._on_assigned([0, 1, 2], 8)
+    assert t.partitions() == [0, 1, 2] and not t._handing and not t._kept
+    assert 2 in t._reclaim and len(h.producers.made[2]) == 2, "claimed anew"
+    assert h.producers.made[2][0].closed_with, "the old claim let go"
+
+
+def test_with_handoff_a_rebalance_that_moves_it_again_keeps_the_first_handoff_time() -> None:
+    h = Harness(partitions=(0, 1, 2), handoff=True)
+    t = h.tracker
+    given_2_elsewhere(h)
+    since = t._handing[2] = t._handing[2] - 5
+    t._on_revoked([0, 1])
+    t._on_assigned([0, 1], 7)
+    assert t._handing == {2: since} and t.stats()["partitions_revoked"] == 1
+
+
+def test_with_handoff_an_unclaimed_partition_given_elsewhere_is_let_go_at_once() -> None:
+    """Nothing can be redelivered from a partition not claimed: holding it would only keep
+    its new holder from claiming it."""
+    h = Harness(partitions=(0, 1), handoff=True)
+    t = h.tracker
+    h.claim(0)
+    t._on_revoked([0, 1])
+    t._on_assigned([0], 6)
+    assert t.partitions() == [0] and not t._handing
 
 
 def test_without_handoff_an_assigned_partition_is_claimed_at_once() -> None:
@@ -1232,10 +1337,11 @@ def test_a_replica_writes_a_beacon_to_every_markers_partition_each_second() -> N
     sent = [parse(s.value) for s in producer.sent]
     assert all(s.topic == CONFIG.marker_topic for s in producer.sent)
     for entries, texts in sent:
-        assert len(entries) == 2
+        assert len(entries) == 3
         assert all(e[0] == MarkerType.PROBE and e[4] == 0 for e in entries)
         assert parse_beacon(entries[0][3], texts[0]) == (t._nonce, {}, None)
         assert parse_owns(texts[1]) == (t._nonce, frozenset({0, 1})), "what it holds"
+        assert parse_ready(texts[2]) == (t._nonce, frozenset({0, 1})), "both replayed"
     assert t._next_beacon >= time.monotonic() + BEACON_S - 1.0
     t._probe()
     assert len(producer.sent) == 4, "the next one a second later"
@@ -1260,8 +1366,10 @@ def test_a_busy_loop_is_vouched_for_and_its_partitions_stay_held_elsewhere() -> 
     vouched = producer.sent[beacon_records:]
     assert [s.partition for s in vouched] == [0, 1, 2, 3]
     for entries, texts in (parse(s.value) for s in vouched):
-        assert len(entries) == 1 and entries[0][0] == MarkerType.PROBE and entries[0][4] == 0
+        assert len(entries) == 2
+        assert all(e[0] == MarkerType.PROBE and e[4] == 0 for e in entries)
         assert parse_owns(texts[0]) == (t._nonce, frozenset({0, 1}))
+        assert parse_ready(texts[1]) == (t._nonce, frozenset({0, 1}))
     assert t.stats()["owns_vouched"] == 1
     assert not t._vouch_due(t._last_turn + VOUCH_TURN_S, late), "a stuck turn is not"
 
@@ -1287,6 +1395,16 @@ def test_a_busy_loop_is_vouched_for_and_its_partitions_stay_held_elsewhere() -> 
     kept = other([(0.5, beacon), (1.5, vouch), (2.5, vouch), (3.5, vouch)])
     assert kept.orphans(4.0, {3}) == [], "vouched for: held by a live replica"
     assert kept.held_elsewhere(4.0) == {0, 1}
+
+
+def test_a_ready_entry_names_the_held_partitions_replayed_and_not_being_handed_off() -> None:
+    t, producer = beaconing((0, 1, 2))
+    t._states[1] = PartitionState(1)  # just given: its replay has not begun
+    t._handing = {2: time.monotonic()}
+    t._probe()
+    for _, texts in (parse(s.value) for s in producer.sent):
+        assert parse_owns(texts[1]) == (t._nonce, frozenset({0, 1, 2}))
+        assert parse_ready(texts[2]) == (t._nonce, frozenset({0}))
 
 
 def test_a_replica_holding_no_partition_writes_beacons_too() -> None:
@@ -1354,22 +1472,49 @@ def adopted_2_with_handoff() -> tuple[Harness, OwnerWatch]:
     return h, watch
 
 
-def test_an_adopted_partition_is_let_go_once_its_assignee_names_it_again() -> None:
+def test_an_adopted_partition_is_let_go_once_its_assignee_has_replayed_it() -> None:
     """Replica 99 wakes, is fenced by the adoption, and takes partition 2 up again, since
     the settled generation still gives it 2: it names 2 and waits for this replica to let
-    go (handoff), so this one does, between rounds, and says so at once."""
+    go (handoff). This one goes on redelivering from 2 until 99 says (its *ready* entry)
+    that it has replayed 2, then lets go between rounds, and says so at once."""
     h, watch = adopted_2_with_handoff()
     t = h.tracker
     t._yield_adopted()
-    assert t.partitions() == [0, 1, 2], "nobody live names it: kept"
-    t._next_beacon = 99.0
+    t._hand_off()
+    assert t.partitions() == [0, 1, 2] and not t._handing, "nobody live names it: kept"
     now = time.monotonic()
-    watch.heard(99, frozenset({2}), 200.0, now)  # 99 again, read just now
+    watch.heard(99, frozenset({2}), 200.0, now)  # 99 again, read just now, still replaying
+    watch.heard_ready(99, frozenset(), 200.0, now)
     watch.heard(t._nonce, frozenset({0, 1, 2}), now, now)
     t._yield_adopted()
-    assert t.partitions() == [0, 1] and h.writers.get(2) is None and 2 not in t._kept
+    t._hand_off()
+    assert t.partitions() == [0, 1, 2] and 2 in t._handing and 2 not in t._kept
+    assert t.stats()["adopted_let_go"] == 1
+    state = t._states[2] = expired_state(2)  # a lease of the silent owner's comes due
+    t._redeliver()
+    assert state.stats["redeliveries"] == 1, "served until 99 can take it"
+    t._commit(force=True)
+    assert all(2 not in c for c in h.group.commits), "but never committed"
+    t._next_beacon = 99.0
+    watch.heard(99, frozenset({2}), 201.0, now)
+    watch.heard_ready(99, frozenset({2}), 201.0, now)
+    t._hand_off()
+    assert t.partitions() == [0, 1] and h.writers.get(2) is None and not t._handing
     assert t._next_beacon == 0.0, "says at once that it has let 2 go"
-    assert t.stats()["adopted_let_go"] == 1 and t.stats()["partitions_revoked"] == 0
+    assert t.stats()["handed_off"] == 1 and t.stats()["partitions_revoked"] == 0
+
+
+def test_an_adopted_partition_is_let_go_at_once_to_a_replica_that_writes_no_ready_entry() -> None:
+    """A replica of kmq before *ready* entries never says it has replayed a partition: it
+    is handed one as soon as it names it, as then."""
+    h, watch = adopted_2_with_handoff()
+    t = h.tracker
+    now = time.monotonic()
+    watch.heard(99, frozenset({2}), 200.0, now)
+    watch.heard(t._nonce, frozenset({0, 1, 2}), now, now)
+    t._yield_adopted()
+    t._hand_off()
+    assert t.partitions() == [0, 1] and not t._handing
 
 
 @pytest.mark.parametrize("why", ["rebalancing", "assigned here", "no handoff"])
