@@ -571,6 +571,7 @@ class Tracker:
                 state.set_end_offset(highwater)  # the first one only: the replay gate
                 state.highwater = highwater
             self._watch_stall(partition, position, highwater)
+            self._log_replay_leases(partition, state)
         if (
             self._states
             and not self._caught_up.is_set()
@@ -818,6 +819,21 @@ class Tracker:
         known = self._acked.get(partition)
         if known is None or acked[0] > known[0]:
             self._acked[partition] = acked
+
+    @staticmethod
+    def _log_replay_leases(partition: int, state: PartitionState) -> None:
+        """Once a partition's replay is over: how many open leases it left, and how many of
+        them no tick brought forward (they run a full lease from the replay)."""
+        if state.replay_leases is None:
+            return
+        open_leases, uncovered = state.replay_leases
+        state.replay_leases = None
+        if open_leases:
+            log.info(
+                "partition %d: replay over with %d open leases, %d taken over from ticks, "
+                "%d running a full lease from the replay",
+                partition, open_leases, open_leases - uncovered, uncovered,
+            )  # fmt: skip
 
     def _redeliver(self) -> None:
         now = time.monotonic()

@@ -252,6 +252,10 @@ class Handover:
             return  # this one keeps its replay lease
         marks[key] = (offset, lease_s)
 
+    def marked(self) -> list[int]:
+        """The deliveries whose deadline a replayed lease set and that are not forgotten."""
+        return list(self._marks)
+
     def forget(self, key: int) -> None:
         """``key``'s deadline was set some other way (a NACK, a second START), or it was
         settled: leave it."""

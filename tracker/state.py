@@ -238,6 +238,9 @@ class PartitionState:
         """While replaying, and for :data:`HANDOVER_WAIT_S` after: what the predecessors'
         ticks say about the leases replayed."""
         self._handover_until: float | None = None
+        self.replay_leases: tuple[int, int] | None = None
+        """Once the replay is over: the open leases it left, and how many of them no tick
+        covered (each runs a full lease from its replay); the adapter logs and clears it."""
         self._clock_version = -1
         self._tick_sent_at: float | None = None
 
@@ -600,22 +603,36 @@ class PartitionState:
         handover, clocks, now = self._handover, self.clocks, self._last_read_at
         if handover is None:
             return
-        if self._handover_until is None:  # the replay just ended
-            self._handover_until = now + (HANDOVER_WAIT_S if clocks is not None else 0.0)
-        elif now > self._handover_until:
+        until = self._handover_until
+        first = until is None
+        if until is None:  # the replay just ended
+            until = self._handover_until = now + (HANDOVER_WAIT_S if clocks is not None else 0.0)
+        elif now > until:
             self._handover = None
             return
         elif clocks is None or clocks.version == self._clock_version:
             return
         if clocks is not None:
             self._clock_version = clocks.version
-        if now >= self._handover_until:
+        if now >= until:
             self._handover = None
+        covered: set[int] = set()
         for key, deadline in handover.deadlines(clocks, now):
             inflight = self._inflight.get(key)
             if inflight is not None and not inflight.redelivering and deadline < inflight.deadline:
                 self._reschedule(inflight, deadline)
                 self.stats["lease_taken_over"] += 1
+                covered.add(key)
+        if first:
+            open_leases = [
+                key
+                for key in handover.marked()
+                if (inflight := self._inflight.get(key)) is not None and not inflight.redelivering
+            ]
+            uncovered = sum(1 for key in open_leases if key not in covered)
+            self.stats["lease_replayed"] += len(open_leases)
+            self.stats["lease_uncovered"] += uncovered
+            self.replay_leases = (len(open_leases), uncovered)
 
     def _on_probe(self, entry: Entry, text: bytes, now: float, replayed: bool) -> None:
         if text and entry[4] == 0:  # no tracker's: a consumer's "still here", or a beacon

@@ -35,6 +35,7 @@ from kmq.markers import QUEUE_LANE, RETRY_LANE, MarkerType, decode, encode_entri
 from kmq.records import delivery_key, queue_headers
 from kmq.txn_wait import TransactionStuck
 from tests.unit.kafka_stubs import StubTxnProducer
+from tests.unit.test_state import marker
 from tracker.config import TrackerConfig
 from tracker.daemon import (
     CLAIM_WAIT_MAX_S,
@@ -1631,3 +1632,20 @@ def test_a_replica_whose_reading_is_held_judges_silence_by_owns_entries_past_the
     t._watch_stall(0, 6, 15)  # it moved: the hold is over
     t._peek_owns()
     assert stub.assigned == []
+
+
+def test_the_end_of_a_replay_is_logged_once_with_its_uncovered_leases(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    state = PartitionState(3)
+    state.set_position(0)
+    state.set_end_offset(1)
+    state.on_record(0, marker(MarkerType.START, (0, 1, 40)), 5.0)
+    with caplog.at_level(logging.INFO, logger="kmq.tracker"):
+        Tracker._log_replay_leases(3, state)
+        Tracker._log_replay_leases(3, state)
+    said = [r.getMessage() for r in caplog.records if "replay over" in r.getMessage()]
+    assert said == [
+        "partition 3: replay over with 1 open leases, 0 taken over from ticks, "
+        "1 running a full lease from the replay"
+    ]

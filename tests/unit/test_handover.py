@@ -117,6 +117,37 @@ def test_a_marker_no_tick_covers_keeps_its_lease_from_reading_it() -> None:
     assert state.stats["lease_taken_over"] == 0
 
 
+def test_the_replay_end_says_how_many_open_leases_no_tick_covers() -> None:
+    other = (0, 1, 41)
+    settled = (0, 1, 42)
+    records = [
+        marker(S, DELIVERY),  # 0: covered by the tick at 3
+        marker(S, settled),  # 1: covered too, but settled below
+        probe_record(4.0),  # 2
+        probe_record(5.0, acked=(2, 5.0)),  # 3: markers below 2 were on the broker by 5.0
+        probe_record(9.0, acked=(3, 8.0)),  # 4: the predecessor lived 3 s longer
+        marker(S, other),  # 5: written after the last acknowledged probe
+        marker(E, settled),  # 6
+    ]
+    state = replaying(len(records))
+    replay(state, records[:-1], 100.0)
+    assert state.replay_leases is None, "not before the replay is over"
+    state.on_record(6, records[-1], 100.0)
+    assert state.replay_leases == (2, 1)
+    assert state.stats["lease_replayed"] == 2 and state.stats["lease_uncovered"] == 1
+    assert state.stats["lease_taken_over"] == 1
+    assert state.next_deadline() == pytest.approx(97.0 + LEASE_S + DRIFT_MARGIN_S)
+    state.replay_leases = None  # the adapter logs it once
+    state.on_record(7, marker(S, (0, 1, 43)), 101.0)
+    assert state.replay_leases is None and state.stats["lease_replayed"] == 2
+
+
+def test_an_empty_replay_reports_no_open_leases() -> None:
+    state = replaying(0)
+    state.on_record(0, marker(S, DELIVERY), 100.0)
+    assert state.replay_leases == (0, 0) and state.stats["lease_uncovered"] == 0
+
+
 def test_a_keepalive_covered_by_a_later_tick_runs_from_that_tick() -> None:
     records = [
         marker(S, DELIVERY),  # 0
