@@ -40,6 +40,7 @@ from kmq.layout import holders_reads, write_partitions
 from kmq.markers import QUEUE_LANE, RETRY_LANE, Entry, MarkerType, encode_entries
 from kmq.records import delivery_key, split_key
 from tracker.config import TrackerConfig
+from tracker.dating import WriteDates
 from tracker.fencing import FenceWatch, PartitionWriters, Tenure
 from tracker.handover import BEACON_S, ClockBounds, beacon_text
 from tracker.health import BrokerLink, ProbeServer
@@ -197,6 +198,7 @@ class Tracker:
         self._notices = UnreadNotices()
         self._topics = {QUEUE_LANE: config.queue_topic, RETRY_LANE: config.retry_topic}
         self._readers = LiveReaders()
+        self._dates = WriteDates(self._readers.fresh_s)
         self._redeliverer = Redeliverer(
             config.queue_topic,
             config.retry_topic,
@@ -498,7 +500,7 @@ class Tracker:
                     # Fetched before the seek to where its state starts: read from there.
                     self._mc.seek(tp, state.position)
                     continue
-            readers = self._readers
+            readers, dates = self._readers, self._dates
             monotonic = time.monotonic
             for record in batch:
                 # The clock is read per record, not per poll: a lease runs from reading its
@@ -508,7 +510,11 @@ class Tracker:
                 # at 16 queues).
                 state.on_record(record.offset, record.value, monotonic())
                 if record.headers:
-                    readers.note(record.headers, now)
+                    # Dated by when it was written, not read: read late, a killed
+                    # consumer's claim would count as live (tracker.dating).
+                    written = dates.latest(tp.partition, record.offset, now)
+                    if written is not None:
+                        readers.note(record.headers, written)
         self._sync_offsets()
         self._peek_owns()
         self._adopt()
@@ -570,6 +576,7 @@ class Tracker:
             if highwater is not None:
                 state.set_end_offset(highwater)  # the first one only: the replay gate
                 state.highwater = highwater
+                self._dates.observe(partition, highwater, time.monotonic())
             self._watch_stall(partition, position, highwater)
             self._log_replay_leases(partition, state)
         if (

@@ -31,8 +31,10 @@ class LiveReaders:
         self._seen: dict[str, dict[int, float]] = {}  # queue -> partition -> last said
         self._decoded: dict[bytes, tuple[str, frozenset[int]] | None] = {}
 
-    def note(self, headers: Iterable[tuple[str, bytes | None]], now: float) -> None:
-        """A marker record's headers, read at ``now``."""
+    def note(self, headers: Iterable[tuple[str, bytes | None]], at: float) -> None:
+        """A marker record's headers, written by ``at`` at the latest
+        (:class:`tracker.dating.WriteDates`): a claim read late does not count as newer
+        than one read before it."""
         for key, value in headers:
             if key != READS_HEADER or value is None:
                 continue
@@ -49,7 +51,8 @@ class LiveReaders:
             if seen is None:
                 seen = self._seen[queue] = {}
             for partition in partitions:
-                seen[partition] = now
+                if seen.get(partition, at) <= at:
+                    seen[partition] = at
 
     def live(self, queue: str, now: float, within_s: float | None = None) -> frozenset[int]:
         """The partitions of ``queue`` some consumer said it reads within ``fresh_s`` (or
