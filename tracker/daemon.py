@@ -44,6 +44,7 @@ from tracker.dating import WriteDates
 from tracker.fencing import FenceWatch, PartitionWriters, Tenure
 from tracker.handover import BEACON_S, ClockBounds, beacon_text
 from tracker.health import BrokerLink, ProbeServer
+from tracker.holds import HeldLeases, hold_reason
 from tracker.notices import UnreadNotices
 from tracker.orphans import OwnerWatch, owns_text, ready_text
 from tracker.peek import OwnsPeek, to_peek
@@ -199,6 +200,7 @@ class Tracker:
         self._topics = {QUEUE_LANE: config.queue_topic, RETRY_LANE: config.retry_topic}
         self._readers = LiveReaders()
         self._dates = WriteDates(self._readers.fresh_s)
+        self._held = HeldLeases()
         self._redeliverer = Redeliverer(
             config.queue_topic,
             config.retry_topic,
@@ -845,13 +847,16 @@ class Tracker:
     def _redeliver(self) -> None:
         now = time.monotonic()
         if not self._pauses.caught_up.is_set():
+            self._say_held(now, layouts_known=False, holding=False)
             return  # copies go where the queue's layout says: know it first
         if self._holding():
+            self._say_held(now, layouts_known=True, holding=True)
             if any(state.due_deadlines(now, 1) for state in self._states.values()):
                 self._retired["rebalance_held"] += 1  # a round's worth held back
             return
         budget = self.config.max_redeliveries_per_round
         self._claim_many(self._states)  # those not claimed yet
+        self._say_held(now, layouts_known=True, holding=False)
         deadlines: dict[int, list[float]] = {}
         for partition, state in self._states.items():
             if partition in self._reclaim and not self._reclaimed(partition, state):
@@ -874,6 +879,29 @@ class Tracker:
             for d in due:
                 self._failed(d)
             raise
+
+    def _say_held(self, now: float, layouts_known: bool, holding: bool) -> None:
+        """Log, once while it lasts, the gate a partition's leases overdue by
+        :data:`tracker.holds.HELD_LOG_S` or more wait on (``leases_held``)."""
+        held = self._held
+        for partition, state in self._states.items():
+            first = state.first_lease_deadline(now)
+            overdue = None if first is None else now - first
+            reason = None
+            if first is not None and now - first >= held.after_s:
+                reason = hold_reason(
+                    layouts_known=layouts_known,
+                    rebalance_holds=holding,
+                    replaying=state.replaying,
+                    claimed=self._writers.get(partition) is not None,
+                    reclaiming=partition in self._reclaim,
+                    due_by_log=first <= state.horizon,
+                )
+            said = held.observe(partition, overdue, reason)
+            if said is not None and overdue is not None:
+                self._retired["leases_held"] += 1
+                log.info("markers partition %d: leases %.1f s overdue wait: %s",
+                         partition, overdue, said)  # fmt: skip
 
     def _redeliver_due(self, due: list[Due], now: float) -> None:
         due = self._copy_unread_again(due, now)

@@ -690,6 +690,12 @@ class PartitionState:
             later.append(first)
         return min(later) if later else None
 
+    def first_lease_deadline(self, now: float) -> float | None:
+        """The earliest deadline of a lease (by the clock), the held STARTs read
+        ``young_s`` or more before ``now`` given theirs; ``None`` if none runs."""
+        self._promote_aged(now)
+        return self._next_lease_deadline(None)
+
     def next_wake(self, now: float) -> float | None:
         """When the adapter's loop must look again, at the latest: the earliest deadline
         later than ``now``, or sooner, when the oldest held START gets its lease (none can

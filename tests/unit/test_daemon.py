@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import socket
 import threading
 import time
@@ -48,6 +49,7 @@ from tracker.daemon import (
 from tracker.fencing import FenceWatch, PartitionWriters, Tenure, transactional_id
 from tracker.handover import BEACON_S, ClockBounds, parse_beacon, parse_tick
 from tracker.health import BrokerLink
+from tracker.holds import HeldLeases
 from tracker.notices import UnreadNotices
 from tracker.orphans import OwnerWatch, owns_text, parse_owns, parse_ready
 from tracker.peek import HELD_S, OwnsPeek
@@ -226,6 +228,7 @@ class Harness:
             live=lambda queue: t._live(queue, time.monotonic()),
         )
         t._readers = LiveReaders()
+        t._held = HeldLeases()
         raw: Any = t  # typed as the real ControlWatcher and RecordReader
         raw._pauses = StubPauses()
         raw._records = self.records
@@ -1649,3 +1652,31 @@ def test_the_end_of_a_replay_is_logged_once_with_its_uncovered_leases(
         "partition 3: replay over with 1 open leases, 0 taken over from ticks, "
         "1 running a full lease from the replay"
     ]
+
+
+def test_overdue_leases_held_by_a_claim_are_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    h = Harness()
+    h.producers.fail[1] = {"init_transactions": KafkaTimeoutError("no coordinator")}
+    with caplog.at_level(logging.INFO, logger="kmq.tracker"):
+        h.tracker._redeliver()
+        h.tracker._redeliver()
+        said = [r.getMessage() for r in caplog.records if "overdue wait" in r.getMessage()]
+        assert len(said) == 1 and re.match(r"markers partition 1: leases \d+\.\d s ", said[0])
+        assert "not claimed yet" in said[0], "partition 0 was claimed in the same round"
+        assert h.tracker._retired["leases_held"] == 1
+        h.producers.fail.pop(1).clear()
+        h.tracker._redeliver()  # claimed and redelivered: its copy watched, not overdue
+        now = time.monotonic()
+        assert (h.states[1].first_lease_deadline(now) or now) >= now
+        h.tracker._redeliver()
+    assert len([r for r in caplog.records if "overdue wait" in r.getMessage()]) == 1
+
+
+def test_overdue_leases_held_by_a_rebalance_say_so(caplog: pytest.LogCaptureFixture) -> None:
+    h = Harness(partitions=(0,))
+    h.group.metadata = GROUP_METADATA._replace(generation_id=-1, state=MemberState.UNJOINED)
+    with caplog.at_level(logging.INFO, logger="kmq.tracker"):
+        h.tracker._redeliver()
+    said = [r.getMessage() for r in caplog.records if "overdue wait" in r.getMessage()]
+    assert len(said) == 1 and "a rebalance holds every redelivery" in said[0]
+    assert h.records.asked == []
