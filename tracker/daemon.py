@@ -1356,6 +1356,7 @@ class Tracker:
             self._reclaim.discard(partition)
             self._tenure.forget(partition)
             self._stalls.pop(partition, None)
+            self._held.forget(partition)  # taken again, a hold is news again
             state = self._states.pop(partition)
             self._retired.update(state.stats)
             self._committed.pop(partition, None)

@@ -1680,3 +1680,17 @@ def test_overdue_leases_held_by_a_rebalance_say_so(caplog: pytest.LogCaptureFixt
     said = [r.getMessage() for r in caplog.records if "overdue wait" in r.getMessage()]
     assert len(said) == 1 and "a rebalance holds every redelivery" in said[0]
     assert h.records.asked == []
+
+
+def test_a_hold_is_said_again_once_its_partition_is_taken_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    h = Harness(partitions=(1,))
+    h.producers.fail[1] = {"init_transactions": KafkaTimeoutError("no coordinator")}
+    with caplog.at_level(logging.INFO, logger="kmq.tracker"):
+        h.tracker._redeliver()
+        h.tracker._drop([1])
+        h.tracker._states[1] = expired_state(1)
+        h.tracker._redeliver()
+    said = [r.getMessage() for r in caplog.records if "overdue wait" in r.getMessage()]
+    assert len(said) == 2 and all("not claimed yet" in m for m in said)
