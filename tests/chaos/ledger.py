@@ -288,6 +288,54 @@ class TopicTail:
         self._consumer.close()
 
 
+def committed_stops(
+    bootstrap_servers: str, topic: str, quiet_s: float = 3.0, cap_s: float = 180.0
+) -> dict[int, tuple[int, int]]:
+    """Where a read_committed reader of ``topic`` stops, by partition: (position, high
+    watermark), for the partitions it cannot read to their end, after ``quiet_s`` without a
+    record: a transaction the broker has not finished holds those (chaos run 67)."""
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap_servers,
+        client_id="kmq-chaos-ledger-committed",
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        fetch_max_wait_ms=1000,
+    )
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        now = time.monotonic()
+        quiet_until, cap = now + quiet_s, now + cap_s
+        while time.monotonic() < min(quiet_until, cap):
+            if consumer.poll(timeout_ms=200, max_records=50_000):
+                quiet_until = time.monotonic() + quiet_s
+            ends = {tp: consumer.highwater(tp) for tp in tps}
+            if all(h is not None and consumer.position(tp) >= h for tp, h in ends.items()):
+                return {}
+        stops: dict[int, tuple[int, int]] = {}
+        for tp in tps:
+            highwater, position = consumer.highwater(tp), consumer.position(tp)
+            if highwater is not None and position < highwater:
+                stops[tp.partition] = (position, highwater)
+        return stops
+    finally:
+        consumer.close()
+
+
+def lost_behind(
+    lost: Iterable[str], records: Iterable[MarkerRecord], stops: dict[int, tuple[int, int]]
+) -> set[str]:
+    """Those of ``lost`` with a marker at or past where read_committed readers of its markers
+    partition stop (:func:`committed_stops`): no tracker could read it."""
+    wanted = set(lost)
+    return {
+        r.message_id
+        for r in records
+        if r.message_id in wanted and r.partition in stops and r.offset >= stops[r.partition][0]
+    }
+
+
 class QueueLog:
     def __init__(self) -> None:
         self.records: list[QueueRecord] = []

@@ -21,6 +21,7 @@ from tests.chaos.ledger import (
     RunLog,
     WorkerEvent,
     check,
+    lost_behind,
     read_ledgers,
 )
 from tests.chaos.proxy import Fault
@@ -119,6 +120,18 @@ def test_unskewed_markers_are_not_counted_skewed() -> None:
 def test_message_without_end_is_lost() -> None:
     report = run_check([worker("w0.1", 0.0)], [], [marker(MarkerType.START, T0 + 1)])
     assert report.lost == [MID]
+
+
+def test_lost_messages_are_counted_behind_a_stop_only_from_its_offset_on() -> None:
+    def start(message_id: str, partition: int, offset: int) -> MarkerRecord:
+        return replace(marker(MarkerType.START, T0, offset=offset), message_id=message_id,
+                       partition=partition)  # fmt: skip
+
+    records = [start("a", 0, 99), start("b", 0, 100), start("c", 1, 500), start("d", 0, 7)]
+    stops = {0: (100, 900)}  # partition 1 was read to its end
+    assert lost_behind(["a", "b", "c"], records, stops) == {"b"}
+    assert lost_behind(["a", "c", "d"], records, stops) == set()
+    assert lost_behind(["b"], records, {}) == set()
 
 
 def test_ack_without_end_marker_is_reported() -> None:
