@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kafka import TopicPartition
-from kafka.errors import KafkaError
+from kafka.errors import KafkaError, KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata
 
 from kmq import txn_wait
@@ -242,12 +242,15 @@ class Redeliverer:
 
     def _flushed(self, producer: Any, futures: list[Any]) -> None:
         """Wait until ``futures`` (sent by ``producer``) are answered; raise the first
-        failure."""
+        failure. One not answered counts as failed: a marker must never be committed
+        without its copy."""
         if not futures:
             return
         producer.flush(timeout=self._txn_timeout_s)
         for future in futures:
-            if getattr(future, "is_done", False) and future.failed():
+            if not getattr(future, "is_done", False):
+                raise KafkaTimeoutError("a redelivery write was not answered after the flush")
+            if future.failed():
                 raise future.exception
 
     def round(

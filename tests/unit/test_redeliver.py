@@ -20,6 +20,7 @@ from kafka.errors import (
     MessageSizeTooLargeError,
     ProducerFencedError,
 )
+from kafka.future import Future
 from kafka.structs import OffsetAndMetadata
 
 from kmq.markers import (
@@ -524,6 +525,20 @@ def test_a_copy_that_fails_aborts_the_round_and_commits_nothing(out: StubTxnProd
     outcome, _ = run_round(txn, copies(), out=out)
     assert outcome == RoundOutcome(False)
     assert txn.calls[-1] == "abort_transaction" and "commit_transaction" not in txn.calls
+
+
+def test_a_copy_not_answered_after_the_flush_fails_the_round() -> None:
+    """A marker is never committed without its copy on the broker."""
+
+    class Unanswered(StubTxnProducer):
+        def send(self, topic: str, **kwargs: Any) -> Future:
+            super().send(topic, **kwargs)
+            return Future()  # never done
+
+    txn = StubTxnProducer()
+    outcome, _ = run_round(txn, copies(), out=Unanswered("copies"))
+    assert outcome == RoundOutcome(False)
+    assert "commit_transaction" not in txn.calls and txn.calls[-1] == "abort_transaction"
 
 
 def test_a_failing_abort_still_reports_a_failed_round() -> None:
