@@ -1,5 +1,5 @@
 """Redelivering: what copy a due delivery becomes (pure), and writing a markers partition's
-copies and, in one fenced transaction, their markers, reporting how it ended."""
+copies and their markers in one fenced transaction, reporting how it ended."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kafka import TopicPartition
-from kafka.errors import KafkaError, KafkaTimeoutError
+from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
 from kmq import txn_wait
@@ -98,19 +98,9 @@ class RoundOutcome:
 
 class Redeliverer:
     """Writes a markers partition's due copies (to the retry topic, ahead of any backlog on
-    the queue topic) and dead letters (to the queue topic, as the dead-letter queue's own
-    records), and their REDELIVERED / DEAD_LETTERED markers and the markers-offset commit
-    that skips them in one transaction of that partition's producer.
-
-    The copies themselves go through another producer, outside the transaction, once the
-    transaction holds their markers (so a fenced replica sends none) and before it commits
-    (so a committed marker always has its copy). A round that fails after its copies went
-    out leaves them readable, and its deliveries are redelivered again: duplicates, never a
-    loss. Written inside, they would make every replica's transactions share the retry
-    partitions, and the embedded broker can leave two such transactions ended at once
-    unfinished for good, holding every markers partition (chaos run 67,
-    ``bench.broker_txn_race --overlap``); this way a transaction writes to its own markers
-    partition only.
+    the queue topic), dead letters (to the queue topic, as the dead-letter queue's own
+    records), their REDELIVERED / DEAD_LETTERED markers and the markers-offset commit that
+    skips them, all in one transaction of that partition's producer.
 
     ``partitions(topic, queue)`` gives the partitions a queue's records go to on a topic
     (its layout); ``live(queue)`` the retry-topic partitions its consumers said they read
@@ -123,7 +113,9 @@ class Redeliverer:
     commit), so a tracker that replays the partition later watches the copy too
     (:meth:`tracker.state.PartitionState.redelivered`). Only a member given that spare reads
     it, so a copy there whose watch was lost with its tracker could be read by nobody; a
-    copy in the window is read by its queue partition's next owner in any case.
+    copy in the window is read by its queue partition's next owner in any case. Waiting
+    for the acknowledgement costs a round about one produce round trip, so rounds with no
+    copy to a spare skip it.
     """
 
     def __init__(
@@ -234,24 +226,17 @@ class Redeliverer:
 
     def _send_watches(self, txn: Any, sent: list[tuple[Copy, Any]]) -> None:
         """Once the copies ``sent`` to spares are on the broker (the transaction still
-        open), their WATCH markers."""
+        open), their WATCH markers. A copy that failed fails the round here (it would at the
+        commit)."""
+        if not sent:
+            return
+        txn.flush(timeout=self._txn_timeout_s)
         for copy, future in sent:
+            if getattr(future, "is_done", False) and future.failed():
+                raise future.exception
             placed = _placed(future)
             if placed is not None:
                 self.send_watch(txn, copy, placed)
-
-    def _flushed(self, producer: Any, futures: list[Any]) -> None:
-        """Wait until ``futures`` (sent by ``producer``) are answered; raise the first
-        failure. One not answered counts as failed: a marker must never be committed
-        without its copy."""
-        if not futures:
-            return
-        producer.flush(timeout=self._txn_timeout_s)
-        for future in futures:
-            if not getattr(future, "is_done", False):
-                raise KafkaTimeoutError("a redelivery write was not answered after the flush")
-            if future.failed():
-                raise future.exception
 
     def round(
         self,
@@ -259,22 +244,18 @@ class Redeliverer:
         copies: list[Copy],
         offsets: Mapping[TopicPartition, OffsetAndMetadata],
         group_metadata: Any,
-        out: Any,
     ) -> RoundOutcome:
-        """The markers of ``copies`` and the markers-offset commit that skips them, all or
-        none, in ``txn``; the copies through ``out`` (see the class)."""
+        """Copies, their markers and the markers-offset commit that skips them: all or none."""
         futures: list[Any] = []
         try:
             txn.begin_transaction()
-            # A fenced producer fails here, before any copy is out.
-            self._flushed(txn, [self.send_marker(txn, copy) for copy in copies])
             spares: list[tuple[Copy, Any]] = []
             for copy in copies:
                 where = self.target(copy)
-                futures.append(self.send_copy(out, copy, where))
+                futures.append(self.send_copy(txn, copy, where))
                 if self._on_spare(copy, where):
                     spares.append((copy, futures[-1]))
-            self._flushed(out, futures)
+                self.send_marker(txn, copy)
             self._send_watches(txn, spares)
             if offsets:
                 txn_wait.send_offsets(txn, offsets, group_metadata, self._txn_timeout_s)
