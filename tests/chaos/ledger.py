@@ -226,9 +226,16 @@ class TailStalled(AssertionError):
 class TopicTail:
     """Reads a whole topic from the beginning, without a group, in increments."""
 
-    def __init__(self, bootstrap_servers: str, topic: str, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        timeout_s: float = 30.0,
+        isolation_level: str = "read_uncommitted",
+    ) -> None:
         self.topic = topic
         self._bootstrap_servers = bootstrap_servers
+        self._isolation_level = isolation_level
         self._consumer = self._new_consumer()
         deadline = time.monotonic() + timeout_s
         while not (partitions := self._consumer.partitions_for_topic(topic)):
@@ -245,6 +252,7 @@ class TopicTail:
             bootstrap_servers=self._bootstrap_servers,
             client_id="kmq-chaos-ledger",
             enable_auto_commit=False,
+            isolation_level=self._isolation_level,
             # The embedded broker stops listing a partition's batches when a fetch's wait runs
             # out and then answers with nothing (tracker.reread.FETCH_WAIT_MS): at 100 ms that
             # is the likeliest reason run 56's markers tail read nothing for 60 s.
@@ -262,15 +270,18 @@ class TopicTail:
         for tp, offset in positions.items():
             self._consumer.seek(tp, offset)
 
-    def read_to_end(self, on_record: Callable[[Any], None], timeout_s: float) -> None:
+    def read_to_end(
+        self, on_record: Callable[[Any], None], timeout_s: float, cap_s: float | None = None
+    ) -> None:
         """Feed every record up to the high watermarks seen while reading to ``on_record``.
 
         Raises :class:`TailStalled` if ``timeout_s`` passes without a record while the end
-        is not reached (a long topic may take longer than that in all), or after
-        ``20 * timeout_s`` in any case. What was read until then has been fed.
+        is not reached (a long topic may take longer than that in all), or after ``cap_s``
+        (``20 * timeout_s`` by default) in any case. What was read until then has been fed.
         """
         now = time.monotonic()
-        stalled_at, cap = now + timeout_s, now + 20 * timeout_s
+        stalled_at = now + timeout_s
+        cap = now + (20 * timeout_s if cap_s is None else cap_s)
         done: set[TopicPartition] = set()
         while len(done) < len(self._tps):
             if time.monotonic() > min(stalled_at, cap):
@@ -284,6 +295,15 @@ class TopicTail:
                 if highwater is not None and self._consumer.position(tp) >= highwater:
                     done.add(tp)
 
+    def short_of_end(self) -> dict[int, tuple[int, int]]:
+        """The partitions not read to their end: (position, high watermark) each."""
+        short: dict[int, tuple[int, int]] = {}
+        for tp in self._tps:
+            highwater, position = self._consumer.highwater(tp), self._consumer.position(tp)
+            if highwater is not None and position < highwater:
+                short[tp.partition] = (position, highwater)
+        return short
+
     def close(self) -> None:
         self._consumer.close()
 
@@ -293,34 +313,16 @@ def committed_stops(
 ) -> dict[int, tuple[int, int]]:
     """Where a read_committed reader of ``topic`` stops, by partition: (position, high
     watermark), for the partitions it cannot read to their end, after ``quiet_s`` without a
-    record: a transaction the broker has not finished holds those (chaos run 67)."""
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap_servers,
-        client_id="kmq-chaos-ledger-committed",
-        enable_auto_commit=False,
-        isolation_level="read_committed",
-        fetch_max_wait_ms=1000,
-    )
+    record (or ``cap_s`` in all): a transaction the broker has not finished holds those
+    (chaos run 67)."""
+    tail = TopicTail(bootstrap_servers, topic, isolation_level="read_committed")
     try:
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        now = time.monotonic()
-        quiet_until, cap = now + quiet_s, now + cap_s
-        while time.monotonic() < min(quiet_until, cap):
-            if consumer.poll(timeout_ms=200, max_records=50_000):
-                quiet_until = time.monotonic() + quiet_s
-            ends = {tp: consumer.highwater(tp) for tp in tps}
-            if all(h is not None and consumer.position(tp) >= h for tp, h in ends.items()):
-                return {}
-        stops: dict[int, tuple[int, int]] = {}
-        for tp in tps:
-            highwater, position = consumer.highwater(tp), consumer.position(tp)
-            if highwater is not None and position < highwater:
-                stops[tp.partition] = (position, highwater)
-        return stops
+        tail.read_to_end(lambda record: None, timeout_s=quiet_s, cap_s=cap_s)
+        return {}
+    except TailStalled:
+        return tail.short_of_end()
     finally:
-        consumer.close()
+        tail.close()
 
 
 def lost_behind(
