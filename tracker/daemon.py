@@ -290,6 +290,16 @@ class Tracker:
             max_partition_fetch_bytes=FETCH_MAX_BYTES,
         )
         opened.append(self._reader.close)
+        # Copies and dead letters, outside the rounds' transactions (tracker.redeliver).
+        self._copies = kafka_clients.producer(
+            conn,
+            "copies",
+            acks="all",
+            enable_idempotence=True,
+            max_request_size=config.max_message_bytes + _DEAD_LETTER_HEADROOM_BYTES,
+            batch_size=kafka_clients.batch_bytes(config.max_message_bytes),
+        )
+        opened.append(lambda: self._copies.close(timeout=5))
         self._producer = kafka_clients.producer(  # PROBE markers only: they change nothing
             conn,
             "producer",
@@ -1102,7 +1112,9 @@ class Tracker:
         offsets = {tp: OffsetAndMetadata(offset, "", -1)} if offset is not None else {}
         began = time.monotonic()
         try:
-            outcome = self._redeliverer.round(txn, copies, offsets, self._kc.group_metadata())
+            outcome = self._redeliverer.round(
+                txn, copies, offsets, self._kc.group_metadata(), self._copies
+            )
         except KafkaError as exc:  # the layout could not be read, say
             self._trouble(exc, "markers partition %d: redelivery not started", partition)
             outcome = RoundOutcome(False)
@@ -1313,6 +1325,7 @@ class Tracker:
                 self._pauses.close()
             finally:
                 self._producer.close(timeout=5)
+                self._copies.close(timeout=5)
                 self._writers.close()
         log.info("stopped: %s", " ".join(f"{k}={v}" for k, v in sorted(self.stats().items())))
 

@@ -1,5 +1,5 @@
 """Redelivering: what copy a due delivery becomes (pure), and writing a markers partition's
-copies and their markers in one fenced transaction, reporting how it ended."""
+copies and, in one fenced transaction, their markers, reporting how it ended."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kafka import TopicPartition
-from kafka.errors import KafkaError
+from kafka.errors import KafkaError, KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata
 
 from kmq import txn_wait
@@ -37,6 +37,7 @@ TXN_TIMEOUT_S = 10.0
 _REDELIVERED = int(MarkerType.REDELIVERED)
 _DEAD_LETTERED = int(MarkerType.DEAD_LETTERED)
 _WATCH = int(MarkerType.WATCH)
+_NO_OP = (int(MarkerType.PROBE), 0, 0, 0, 0, 0, 0, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,9 +99,21 @@ class RoundOutcome:
 
 class Redeliverer:
     """Writes a markers partition's due copies (to the retry topic, ahead of any backlog on
-    the queue topic), dead letters (to the queue topic, as the dead-letter queue's own
-    records), their REDELIVERED / DEAD_LETTERED markers and the markers-offset commit that
-    skips them, all in one transaction of that partition's producer.
+    the queue topic) and dead letters (to the queue topic, as the dead-letter queue's own
+    records), and their REDELIVERED / DEAD_LETTERED markers and the markers-offset commit
+    that skips them in one transaction of that partition's producer.
+
+    The copies themselves go through another producer, outside the transaction: after a
+    marker that changes nothing has gone through the transaction (so a fenced replica sends
+    no copy), and before any REDELIVERED / DEAD_LETTERED marker is written (so no marker,
+    committed or not, is ever on the broker without its copy: the embedded broker shows an
+    aborted transaction's records to read_committed readers). A round that fails after its
+    copies went out leaves them readable, and its deliveries are redelivered again:
+    duplicates, never a loss. Written inside, they would make every replica's transactions
+    share the retry partitions, and the embedded broker can leave two such transactions
+    ended at once unfinished for good, holding every markers partition (chaos runs 67 and
+    68, ``bench.broker_txn_race --overlap``); this way a transaction writes to its own
+    markers partition only.
 
     ``partitions(topic, queue)`` gives the partitions a queue's records go to on a topic
     (its layout); ``live(queue)`` the retry-topic partitions its consumers said they read
@@ -113,9 +126,7 @@ class Redeliverer:
     commit), so a tracker that replays the partition later watches the copy too
     (:meth:`tracker.state.PartitionState.redelivered`). Only a member given that spare reads
     it, so a copy there whose watch was lost with its tracker could be read by nobody; a
-    copy in the window is read by its queue partition's next owner in any case. Waiting
-    for the acknowledgement costs a round about one produce round trip, so rounds with no
-    copy to a spare skip it.
+    copy in the window is read by its queue partition's next owner in any case.
     """
 
     def __init__(
@@ -225,18 +236,30 @@ class Redeliverer:
         )
 
     def _send_watches(self, txn: Any, sent: list[tuple[Copy, Any]]) -> None:
-        """Once the copies ``sent`` to spares are on the broker (the transaction still
-        open), their WATCH markers. A copy that failed fails the round here (it would at the
-        commit)."""
-        if not sent:
-            return
-        txn.flush(timeout=self._txn_timeout_s)
+        """The WATCH markers of the copies ``sent`` to spares, once they are on the broker."""
         for copy, future in sent:
-            if getattr(future, "is_done", False) and future.failed():
-                raise future.exception
             placed = _placed(future)
             if placed is not None:
                 self.send_watch(txn, copy, placed)
+
+    def _flushed(self, producer: Any, futures: list[Any]) -> None:
+        """Wait until ``futures`` (sent by ``producer``) are answered; raise the first
+        failure. One not answered counts as failed: a marker must never be committed
+        without its copy."""
+        if not futures:
+            return
+        producer.flush(timeout=self._txn_timeout_s)
+        for future in futures:
+            if not getattr(future, "is_done", False):
+                raise KafkaTimeoutError("a redelivery write was not answered after the flush")
+            if future.failed():
+                raise future.exception
+
+    def send_fence_check(self, txn: Any, partition: int) -> Any:
+        """A marker that changes nothing (a PROBE of no tracker's, like a consumer's "still
+        here") to ``partition``, in the transaction: its produce is refused once another
+        replica has claimed the partition."""
+        return txn.send(self._marker_topic, value=encode_entries([_NO_OP], []), partition=partition)
 
     def round(
         self,
@@ -244,17 +267,27 @@ class Redeliverer:
         copies: list[Copy],
         offsets: Mapping[TopicPartition, OffsetAndMetadata],
         group_metadata: Any,
+        out: Any,
     ) -> RoundOutcome:
-        """Copies, their markers and the markers-offset commit that skips them: all or none."""
+        """The copies through ``out``, then their markers and the markers-offset commit that
+        skips them, all or none, in ``txn`` (see the class)."""
         futures: list[Any] = []
         try:
             txn.begin_transaction()
+            if copies:
+                # A fenced producer fails here, before any copy is out.
+                self._flushed(txn, [self.send_fence_check(txn, copies[0].due.marker_partition)])
             spares: list[tuple[Copy, Any]] = []
             for copy in copies:
                 where = self.target(copy)
-                futures.append(self.send_copy(txn, copy, where))
+                futures.append(self.send_copy(out, copy, where))
                 if self._on_spare(copy, where):
                     spares.append((copy, futures[-1]))
+            # Every copy is on the broker before any marker saying so is written: a round
+            # that ends badly leaves duplicates, never a marker without its copy (the
+            # embedded broker shows an aborted transaction's markers to every reader).
+            self._flushed(out, futures)
+            for copy in copies:
                 self.send_marker(txn, copy)
             self._send_watches(txn, spares)
             if offsets:

@@ -34,11 +34,13 @@ class StubTxnProducer:
     """A transactional producer. ``fail`` maps a method name (``init_transactions``,
     ``begin_transaction``, ``flush``, ``send_offsets_to_transaction``, ``commit_transaction``,
     ``abort_transaction``, ``close``) to what it raises; ``fail_sends`` maps the index of a
-    ``send`` call (0 for the first) to what that call raises."""
+    ``send`` call (0 for the first) to what that call raises, ``fail_futures`` to the error
+    its future fails with (as kafka-python reports a fenced or refused produce)."""
 
     transactional_id: str = ""
     fail: Mapping[str, BaseException] = field(default_factory=dict)
     fail_sends: Mapping[int, BaseException] = field(default_factory=dict)
+    fail_futures: Mapping[int, BaseException] = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)
     """Every call, in order (``send`` included, even when it raised)."""
     sent: list[Sent] = field(default_factory=list)
@@ -72,6 +74,9 @@ class StubTxnProducer:
         exc = self.fail_sends.get(index)
         if exc is not None:
             raise exc
+        failed = self.fail_futures.get(index)
+        if failed is not None:
+            return Future().failure(failed)
         self.sent.append(Sent(topic, key, value, headers, partition))
         # Like RecordMetadata: where it landed, each partition's offsets counting from 0.
         offset = sum(1 for s in self.sent[:-1] if (s.topic, s.partition) == (topic, partition))

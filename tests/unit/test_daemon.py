@@ -230,6 +230,7 @@ class Harness:
         t._readers = LiveReaders()
         t._held = HeldLeases()
         raw: Any = t  # typed as the real ControlWatcher and RecordReader
+        self.copies = raw._copies = StubTxnProducer("copies")  # sends only: no transaction
         raw._pauses = StubPauses()
         raw._records = self.records
         raw._partitions_of = lambda topic, queue: (0, 1)  # every queue's window
@@ -358,8 +359,12 @@ def test_a_written_round_redelivers_and_records_the_commit() -> None:
     [(offsets, metadata)] = txn.offsets
     assert metadata is GROUP_METADATA
     assert {tp: m.offset for tp, m in offsets.items()} == {TopicPartition("q.markers", 0): 11}
-    marker = decode(txn.sent[1].value)
+    [fence, written] = txn.sent  # the transaction holds the fence check and the marker only
+    assert decode(fence.value).type is MarkerType.PROBE
+    marker = decode(written.value)
     assert marker.type is MarkerType.REDELIVERED and (marker.partition, marker.offset) == (3, 100)
+    assert [s.topic for s in h.copies.sent] == [CONFIG.retry_topic], "the copy, outside it"
+    assert h.copies.calls[-1] == "flush", "the copy is on the broker before the round ends"
 
 
 def test_redeliver_takes_nothing_from_a_partition_it_cannot_claim() -> None:
@@ -987,8 +992,8 @@ def test_a_written_copy_is_watched_where_it_landed() -> None:
     h = Harness(partitions=(0,))
     h.claim(0)
     h.tracker._redeliver()
-    state, txn = h.states[0], h.producers.last(0)
-    copy = txn.sent[0]
+    state = h.states[0]
+    copy = h.copies.sent[0]
     assert copy.topic == CONFIG.retry_topic and copy.partition is not None
     assert (state.in_flight, state.watched) == (0, 1)
     [(key, (queue, _))] = state._unread.items()
@@ -1030,8 +1035,8 @@ def test_a_copy_nobody_took_is_copied_again_only_toward_a_live_reader(
     if copied_again:
         txn = h.producers.last(0)
         assert [d.key for d in h.records.asked[-1]] == [key]
-        assert txn.sent[0].partition == live[0], "to the partition a live consumer reads"
-        marker = decode(txn.sent[1].value)
+        assert h.copies.sent[-1].partition == live[0], "to the partition a live consumer reads"
+        marker = decode(txn.sent[1].value)  # after the fence check
         assert marker.type is MarkerType.REDELIVERED and (marker.lane, marker.partition) == (
             RETRY_LANE,
             0,
@@ -1095,7 +1100,7 @@ def test_a_copy_written_with_no_reader_heard_is_noticed_then_withdrawn() -> None
     h = Harness(partitions=(0,))
     h.claim(0)
     h.tracker._redeliver()
-    copy = h.producers.last(0).sent[0]
+    copy = h.copies.sent[0]
     assert copy.partition is not None
     key = unread_key(CONFIG.retry_topic, copy.partition, "orders")
     assert notices_sent(h) == [(CONFIG.control_topic, key, UNREAD_VALUE)]
@@ -1118,7 +1123,7 @@ def test_no_notice_while_a_reader_of_the_queue_is_heard(
     h.claim(0)
     h.tracker._readers.note([("kmq.reads", b"orders 1,3")], time.monotonic())
     h.tracker._redeliver()
-    copy = h.producers.last(0).sent[0]
+    copy = h.copies.sent[0]
     assert copy.partition in (1, 3), "redelivered toward a reader heard"
     assert notices_sent(h) == []
     said = [r.getMessage() for r in caplog.records if "redelivered" in r.getMessage()]

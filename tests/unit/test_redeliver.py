@@ -4,6 +4,7 @@ and the fenced transaction that writes it (Redeliverer.round, with a stub produc
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -19,6 +20,7 @@ from kafka.errors import (
     MessageSizeTooLargeError,
     ProducerFencedError,
 )
+from kafka.future import Future
 from kafka.structs import OffsetAndMetadata
 
 from kmq.markers import (
@@ -28,6 +30,7 @@ from kmq.markers import (
     RETRY_LANE,
     MarkerType,
     decode,
+    decode_all,
     encode_entries,
     parse,
 )
@@ -353,7 +356,7 @@ def test_a_partition_said_most_lately_goes_first() -> None:
     assert r.target(copy) == (RETRY_TOPIC, 3)
 
 
-# -- Redeliverer.round: one transaction, all or nothing --------------------------------------
+# -- Redeliverer.round: the copies first, then their markers in one transaction -------------
 
 GROUP_METADATA = object()
 OFFSETS = {TopicPartition(MARKER_TOPIC, 1): OffsetAndMetadata(42, "", -1)}
@@ -368,31 +371,49 @@ def copies() -> list[Copy]:
     ]
 
 
-def test_a_round_writes_copies_markers_and_the_offset_commit() -> None:
+def run_round(
+    txn: StubTxnProducer,
+    batch: list[Copy],
+    offsets: Mapping[TopicPartition, OffsetAndMetadata] = OFFSETS,
+    out: StubTxnProducer | None = None,
+    r: Redeliverer | None = None,
+) -> tuple[RoundOutcome, StubTxnProducer]:
+    """The round's outcome, and the producer its copies went through."""
+    out = StubTxnProducer("copies") if out is None else out
+    return (r or redeliverer()).round(txn, batch, offsets, GROUP_METADATA, out), out
+
+
+def test_a_round_writes_copies_then_markers_and_the_offset_commit() -> None:
     txn = StubTxnProducer()
     batch = copies()
-    outcome = redeliverer().round(txn, batch, OFFSETS, GROUP_METADATA)
+    outcome, out = run_round(txn, batch)
     assert outcome == RoundOutcome(True) and (outcome.written, outcome.fenced) == (True, False)
     assert txn.calls == [
         "begin_transaction",
-        *["send"] * 6,
+        "send",
+        "flush",  # the fence check is through before any copy goes out
+        *["send"] * 3,
         "send_offsets_to_transaction",
         "commit_transaction",
     ]
+    assert out.calls == [*["send"] * 3, "flush"], "every copy is on the broker before its marker"
+    fence, *markers = txn.sent
+    assert (fence.topic, fence.partition) == (MARKER_TOPIC, 1)
+    assert [m.type for m in decode_all(fence.value)] == [MarkerType.PROBE]
+    assert decode_all(fence.value)[0].attempt == 0, "no tracker's probe: it changes nothing"
     assert txn.offsets == [(OFFSETS, GROUP_METADATA)]
-    copy_sends, marker_sends = txn.sent[0::2], txn.sent[1::2]
-    assert [(s.topic, s.partition, s.key) for s in copy_sends] == [
+    assert [(s.topic, s.partition, s.key) for s in out.sent] == [
         (RETRY_TOPIC, (2, 3, 4)[77 % 3], b"orders"),
         (RETRY_TOPIC, 3, b"orders"),  # read with queue partition 6, not 5 like 4
         (QUEUE_TOPIC, (0, 1, 3)[79 % 3], b"orders.dlq"),
     ]
-    assert [s.value for s in copy_sends] == [b"payload"] * 3
-    assert [s.headers for s in copy_sends] == [
+    assert [s.value for s in out.sent] == [b"payload"] * 3
+    assert [s.headers for s in out.sent] == [
         queue_headers("m-1", 4, USER),
         queue_headers("m-1", 4, USER),
         dead_letter_headers("m-1", "orders", 3, "poison", USER),
     ]
-    for copy, sent in zip(batch, marker_sends, strict=True):
+    for copy, sent in zip(batch, markers, strict=True):
         assert (sent.topic, sent.partition, sent.key) == (MARKER_TOPIC, 1, b"m-1")
         assert sent.headers is None
         m = decode(sent.value)
@@ -403,46 +424,86 @@ def test_a_round_writes_copies_markers_and_the_offset_commit() -> None:
         assert (m.redeliver_after_ms, m.max_attempts) == (0, 0)
 
 
+def test_every_copy_is_on_the_broker_before_any_marker_is_written() -> None:
+    """The embedded broker shows an aborted transaction's markers: a marker written before
+    its copy was acknowledged could name a copy that never existed (chaos run 69)."""
+    log: list[str] = []
+
+    class Logged(StubTxnProducer):
+        def send(self, topic: str, **kwargs: Any) -> Future:
+            log.append(f"{self.transactional_id}:send:{topic}")
+            return super().send(topic, **kwargs)
+
+        def flush(self, timeout: float | None = None) -> None:
+            log.append(f"{self.transactional_id}:flush")
+            super().flush(timeout)
+
+    outcome, _ = run_round(Logged("txn"), copies(), out=Logged("copies"))
+    assert outcome.written
+    markers = [i for i, e in enumerate(log) if e == f"txn:send:{MARKER_TOPIC}"]
+    copy_sends = [i for i, e in enumerate(log) if e.startswith("copies:send")]
+    assert len(markers) == 4 and len(copy_sends) == 3
+    assert log[markers[0] + 1] == "txn:flush" and markers[0] < copy_sends[0], "fence check first"
+    copies_flushed = log.index("copies:flush")
+    assert max(copy_sends) < copies_flushed < min(markers[1:])
+
+
+def test_the_transaction_writes_to_its_markers_partition_only() -> None:
+    """No two replicas' transactions share a partition (the embedded broker can leave two
+    that do, ended at once, unfinished: chaos run 67)."""
+    txn = StubTxnProducer()
+    r = Redeliverer(QUEUE_TOPIC, RETRY_TOPIC, MARKER_TOPIC, Layouts(), watch_copies=True)
+    outcome, _ = run_round(txn, copies(), r=r)
+    assert outcome.written
+    assert {(s.topic, s.partition) for s in txn.sent} == {(MARKER_TOPIC, 1)}
+
+
 def test_markers_go_to_the_partition_of_the_start() -> None:
     txn = StubTxnProducer()
     copy = a_copy()
     moved = replace(copy, due=replace(copy.due, marker_partition=6))
-    assert redeliverer().round(txn, [moved], {}, GROUP_METADATA).written
-    assert txn.sent[1].partition == 6 and txn.sent[1].topic == MARKER_TOPIC
+    assert run_round(txn, [moved], {})[0].written
+    assert {(s.topic, s.partition) for s in txn.sent} == {(MARKER_TOPIC, 6)}
 
 
 def test_a_marker_without_a_reason_has_no_text() -> None:
     txn = StubTxnProducer()
-    assert redeliverer().round(txn, [a_copy(reason="")], {}, GROUP_METADATA).written
+    assert run_round(txn, [a_copy(reason="")], {})[0].written
     assert decode(txn.sent[1].value).reason == ""
     assert parse(txn.sent[1].value)[0][0][7] == 0
 
 
 def test_without_offsets_nothing_is_committed_to_the_group() -> None:
     txn = StubTxnProducer()
-    assert redeliverer().round(txn, [a_copy()], {}, GROUP_METADATA) == RoundOutcome(True)
+    assert run_round(txn, [a_copy()], {})[0] == RoundOutcome(True)
     assert "send_offsets_to_transaction" not in txn.calls and txn.offsets == []
     assert txn.calls[-1] == "commit_transaction"
 
 
 def test_an_empty_round_still_commits_the_offsets() -> None:
     txn = StubTxnProducer()
-    assert redeliverer().round(txn, [], OFFSETS, GROUP_METADATA) == RoundOutcome(True)
-    assert txn.sent == [] and txn.offsets == [(OFFSETS, GROUP_METADATA)]
+    outcome, out = run_round(txn, [])
+    assert outcome == RoundOutcome(True)
+    assert txn.sent == [] and out.calls == [] and txn.offsets == [(OFFSETS, GROUP_METADATA)]
 
 
-# Where the transaction fails: a method name, or the index of the send that raises.
-FAILURE_POINTS: dict[str, str | int] = {
+# Where the transaction fails: a method name, the index of the send that raises, or
+# ("future", index): the send whose future fails (kafka-python's way for a fenced produce).
+FAILURE_POINTS: dict[str, str | int | tuple[str, int]] = {
     "begin": "begin_transaction",
-    "first-copy": 0,
+    "fence-check": 0,
+    "fence-refused": ("future", 0),
+    "fence-flush": "flush",
     "first-marker": 1,
-    "last-marker": 5,
+    "last-marker": 3,
     "send-offsets": "send_offsets_to_transaction",
     "commit": "commit_transaction",
 }
 
 
-def failing(point: str | int, exc: BaseException) -> StubTxnProducer:
+def failing(point: str | int | tuple[str, int], exc: BaseException) -> StubTxnProducer:
+    if isinstance(point, tuple):
+        return StubTxnProducer(fail_futures={point[1]: exc})
     if isinstance(point, int):
         return StubTxnProducer(fail_sends={point: exc})
     return StubTxnProducer(fail={point: exc})
@@ -452,13 +513,17 @@ def failing(point: str | int, exc: BaseException) -> StubTxnProducer:
 @pytest.mark.parametrize(
     "exc", [ProducerFencedError(), InvalidProducerEpochError()], ids=["fenced", "epoch"]
 )
-def test_a_fenced_round_reports_fenced(point: str | int, exc: KafkaError) -> None:
+def test_a_fenced_round_reports_fenced(
+    point: str | int | tuple[str, int], exc: KafkaError
+) -> None:
     txn = failing(point, exc)
-    outcome = redeliverer().round(txn, copies(), OFFSETS, GROUP_METADATA)
+    outcome, out = run_round(txn, copies())
     assert outcome == RoundOutcome(False, fenced=True)
     assert not outcome.written
-    if point != "commit_transaction":
+    if point not in ("commit_transaction", "send_offsets_to_transaction"):
         assert "commit_transaction" not in txn.calls
+    if point in ("begin_transaction", 0, ("future", 0), "flush"):
+        assert out.sent == [], "a fenced replica sends no copy"
 
 
 @pytest.mark.parametrize("point", FAILURE_POINTS.values(), ids=FAILURE_POINTS.keys())
@@ -467,9 +532,9 @@ def test_a_fenced_round_reports_fenced(point: str | int, exc: KafkaError) -> Non
     [KafkaTimeoutError("slow"), MessageSizeTooLargeError("big"), KafkaConnectionError("down")],
     ids=["timeout", "too-large", "connection"],
 )
-def test_a_failed_round_is_aborted(point: str | int, exc: KafkaError) -> None:
+def test_a_failed_round_is_aborted(point: str | int | tuple[str, int], exc: KafkaError) -> None:
     txn = failing(point, exc)
-    outcome = redeliverer().round(txn, copies(), OFFSETS, GROUP_METADATA)
+    outcome, _ = run_round(txn, copies())
     assert outcome == RoundOutcome(False) and not outcome.fenced
     assert txn.calls.count("abort_transaction") == 1
     assert txn.calls[-1] == "abort_transaction"
@@ -477,11 +542,44 @@ def test_a_failed_round_is_aborted(point: str | int, exc: KafkaError) -> None:
         assert "commit_transaction" not in txn.calls
 
 
+@pytest.mark.parametrize(
+    "out",
+    [
+        StubTxnProducer("copies", fail_sends={1: KafkaTimeoutError("slow")}),
+        StubTxnProducer("copies", fail_futures={2: MessageSizeTooLargeError("big")}),
+        StubTxnProducer("copies", fail={"flush": KafkaTimeoutError("slow")}),
+    ],
+    ids=["send", "refused", "flush"],
+)
+def test_a_copy_that_fails_aborts_the_round_and_commits_nothing(out: StubTxnProducer) -> None:
+    """Its markers are never written without it; copies already out are duplicates."""
+    txn = StubTxnProducer()
+    outcome, _ = run_round(txn, copies(), out=out)
+    assert outcome == RoundOutcome(False)
+    assert txn.calls[-1] == "abort_transaction" and "commit_transaction" not in txn.calls
+    assert [m.type for s in txn.sent for m in decode_all(s.value)] == [MarkerType.PROBE]
+
+
+def test_a_copy_not_answered_after_the_flush_fails_the_round() -> None:
+    """A marker is never committed without its copy on the broker."""
+
+    class Unanswered(StubTxnProducer):
+        def send(self, topic: str, **kwargs: Any) -> Future:
+            super().send(topic, **kwargs)
+            return Future()  # never done
+
+    txn = StubTxnProducer()
+    outcome, _ = run_round(txn, copies(), out=Unanswered("copies"))
+    assert outcome == RoundOutcome(False)
+    assert "commit_transaction" not in txn.calls and txn.calls[-1] == "abort_transaction"
+    assert len(txn.sent) == 1, "no marker went out, only the fence check"
+
+
 def test_a_failing_abort_still_reports_a_failed_round() -> None:
     txn = StubTxnProducer(
         fail={"commit_transaction": KafkaTimeoutError("x"), "abort_transaction": KafkaError("y")}
     )
-    assert redeliverer().round(txn, copies(), OFFSETS, GROUP_METADATA) == RoundOutcome(False)
+    assert run_round(txn, copies())[0] == RoundOutcome(False)
     assert txn.calls[-1] == "abort_transaction"
 
 
@@ -491,8 +589,9 @@ def test_a_layout_that_cannot_be_read_fails_the_round() -> None:
 
     txn = StubTxnProducer()
     r = Redeliverer(QUEUE_TOPIC, RETRY_TOPIC, MARKER_TOPIC, no_layout)
-    assert r.round(txn, copies(), OFFSETS, GROUP_METADATA) == RoundOutcome(False)
-    assert txn.sent == [] and txn.calls == ["begin_transaction", "abort_transaction"]
+    outcome, out = run_round(txn, copies(), r=r)
+    assert outcome == RoundOutcome(False) and out.sent == []
+    assert txn.calls[-1] == "abort_transaction" and "commit_transaction" not in txn.calls
 
 
 @pytest.mark.parametrize(
@@ -506,7 +605,7 @@ def test_a_layout_that_cannot_be_read_fails_the_round() -> None:
 )
 def test_a_reason_too_long_for_a_marker_is_cut_not_fatal(reason: str) -> None:
     txn = StubTxnProducer()
-    outcome = redeliverer().round(txn, [a_copy(reason=reason)], {}, GROUP_METADATA)
+    outcome, _ = run_round(txn, [a_copy(reason=reason)], {})
     assert outcome == RoundOutcome(True)
     text = decode(txn.sent[1].value).reason
     assert reason.startswith(text) and 0 < len(text.encode()) <= MAX_TEXT_BYTES
@@ -523,5 +622,5 @@ def test_a_bad_utf8_reason_read_by_the_state_is_redelivered() -> None:
     state.on_record(1, encode_entries([(4, QUEUE_LANE, 3, 77, 1, 0, 0, len(bad))], [bad]), 0.0)
     [d] = state.due(1.0)
     txn = StubTxnProducer()
-    assert redeliverer().round(txn, [copy_of(d, record(1))], {}, GROUP_METADATA).written
+    assert run_round(txn, [copy_of(d, record(1))], {})[0].written
     assert set(decode(txn.sent[1].value).reason) == {"\ufffd"}

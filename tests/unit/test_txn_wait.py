@@ -112,12 +112,14 @@ def test_a_producer_without_kafka_python_internals_uses_its_own_calls() -> None:
 
 def test_a_stuck_round_tells_the_daemon_to_claim_the_partition_again() -> None:
     redeliverer = Redeliverer("q", "q.retry", "m", lambda topic, queue: (0,), txn_timeout_s=0.05)
-    outcome = redeliverer.round(_Producer(None), [], {"tp": 1}, "group")
+    out = _Producer("ok")  # no copies: nothing goes through it
+    outcome = redeliverer.round(_Producer(None), [], {"tp": 1}, "group", out)
     assert outcome == RoundOutcome(False, stuck=True)
-    assert redeliverer.round(_Producer("ok"), [], {"tp": 1}, "group") == RoundOutcome(True)
-    assert redeliverer.round(_Producer("fenced"), [], {"tp": 1}, "group") == RoundOutcome(
+    assert redeliverer.round(_Producer("ok"), [], {"tp": 1}, "group", out) == RoundOutcome(True)
+    assert redeliverer.round(_Producer("fenced"), [], {"tp": 1}, "group", out) == RoundOutcome(
         False, fenced=True
     )
+    assert out.sent == []
 
 
 class _InitProducer:

@@ -289,19 +289,20 @@ def redeliverer(
 
 
 def test_a_round_writes_a_watch_per_copy_to_a_spare_once_the_copies_have_landed() -> None:
-    txn = StubTxnProducer()
+    txn, out = StubTxnProducer(), StubTxnProducer("copies")
     batch = [copy(offset=77), copy("orders.dlq", offset=78), copy(offset=79)]
-    outcome = redeliverer().round(txn, batch, {}, None)
+    outcome = redeliverer().round(txn, batch, {}, None, out)
     assert outcome.written
-    assert [s.partition for s in txn.sent[0:6:2]] == [SPARE, 3, SPARE]
+    assert [s.partition for s in out.sent] == [SPARE, 3, SPARE]
+    assert out.calls == [*["send"] * 3, "flush"], "landed before their watches are written"
     assert txn.calls == [
         "begin_transaction",
-        *["send"] * 6,
+        "send",  # the fence check
         "flush",
-        *["send"] * 2,
+        *["send"] * 5,  # the markers, then the watches
         "commit_transaction",
     ]
-    watches = txn.sent[6:]
+    watches = txn.sent[4:]
     landed = [p for p in outcome.placed if p is not None]
     assert len(landed) == 2, "the dead letter is not watched"
     for sent, (c, where) in zip(
@@ -320,7 +321,7 @@ def test_a_round_writes_a_watch_per_copy_to_a_spare_once_the_copies_have_landed(
 
 def test_what_a_round_writes_a_successor_watches() -> None:
     txn = StubTxnProducer()
-    outcome = redeliverer().round(txn, [copy()], {}, None)
+    outcome = redeliverer().round(txn, [copy()], {}, None, StubTxnProducer("copies"))
     [where] = outcome.placed
     assert where is not None and where[0] == SPARE
     s = replayed(START, *(sent.value for sent in txn.sent if sent.topic == MARKER_TOPIC))
@@ -330,23 +331,31 @@ def test_what_a_round_writes_a_successor_watches() -> None:
 
 def test_no_watches_when_off_without_a_retry_topic_or_in_the_window() -> None:
     """A copy in the queue's retry window needs none: its queue partition's next owner
-    reads it whatever happens to the watch; the round then waits for nothing."""
+    reads it whatever happens to the watch."""
     in_window = redeliverer(live=frozenset({6}))
     for r in (redeliverer(watch_copies=False), redeliverer(retry=None), in_window):
-        txn = StubTxnProducer()
-        assert r.round(txn, [copy()], {}, None).written
-        assert "flush" not in txn.calls and len(txn.sent) == 2
+        txn, out = StubTxnProducer(), StubTxnProducer("copies")
+        assert r.round(txn, [copy()], {}, None, out).written
+        assert [decode(s.value).type for s in txn.sent] == [
+            MarkerType.PROBE,
+            MarkerType.REDELIVERED,
+        ]
+        assert len(out.sent) == 1
 
 
 def test_a_round_whose_flush_fails_is_aborted_or_fenced() -> None:
+    out = StubTxnProducer("copies")
     txn = StubTxnProducer(fail={"flush": KafkaConnectionError("down")})
-    assert redeliverer().round(txn, [copy()], {}, None) == RoundOutcome(False)
+    assert redeliverer().round(txn, [copy()], {}, None, out) == RoundOutcome(False)
     assert txn.calls[-1] == "abort_transaction" and "commit_transaction" not in txn.calls
     txn = StubTxnProducer(fail={"flush": ProducerFencedError()})
-    assert redeliverer().round(txn, [copy()], {}, None) == RoundOutcome(False, fenced=True)
+    assert redeliverer().round(txn, [copy()], {}, None, out) == RoundOutcome(False, fenced=True)
+    assert out.sent == [], "the fence check's flush comes first: no copy went out"
 
 
 def test_a_round_whose_watch_cannot_be_sent_is_aborted() -> None:
-    txn = StubTxnProducer(fail_sends={2: KafkaConnectionError("down")})
-    assert redeliverer().round(txn, [copy()], {}, None) == RoundOutcome(False)
+    txn = StubTxnProducer(fail_sends={2: KafkaConnectionError("down")})  # check, marker, watch
+    out = StubTxnProducer("copies")
+    assert redeliverer().round(txn, [copy()], {}, None, out) == RoundOutcome(False)
+    assert len(out.sent) == 1, "the copy was out: a duplicate, never a loss"
     assert txn.calls[-1] == "abort_transaction"
