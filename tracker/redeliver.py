@@ -34,6 +34,14 @@ log = logging.getLogger("kmq.tracker")
 TXN_TIMEOUT_S = 10.0
 """The longest a round waits for its transaction's offset commit, commit or abort."""
 
+FENCE_CHECK_TIMEOUT_S = 5.0
+"""The longest a round waits for its fence check. One tiny produce, answered in milliseconds
+unless the network is down: past the chaos suite's longest stall of every connection (3 s)
+and a reconnect. Not answered by then, the round gives its producer up and claims the
+partition again, with nothing sent yet, instead of waiting out the round's 10 s and then an
+abort: in chaos run 70, two rounds begun just before a reset of every connection waited the
+whole 10 s on it, and the replica's loop with them."""
+
 _REDELIVERED = int(MarkerType.REDELIVERED)
 _DEAD_LETTERED = int(MarkerType.DEAD_LETTERED)
 _WATCH = int(MarkerType.WATCH)
@@ -136,6 +144,7 @@ class Redeliverer:
         marker_topic: str,
         partitions: Callable[[str, str], tuple[int, ...]],
         txn_timeout_s: float = TXN_TIMEOUT_S,
+        fence_check_timeout_s: float = FENCE_CHECK_TIMEOUT_S,
         live: Callable[[str], Collection[int]] = lambda queue: (),
         lately: Callable[[str], Collection[int]] = lambda queue: (),
         watch_copies: bool = False,
@@ -145,6 +154,7 @@ class Redeliverer:
         self._live = live
         self._lately = lately
         self._txn_timeout_s = txn_timeout_s
+        self._fence_check_timeout_s = fence_check_timeout_s
         self._retry_topic = retry_topic
         self._marker_topic = marker_topic
         self._partitions = partitions
@@ -261,6 +271,21 @@ class Redeliverer:
         replica has claimed the partition."""
         return txn.send(self._marker_topic, value=encode_entries([_NO_OP], []), partition=partition)
 
+    def _check_fence(self, txn: Any, partition: int) -> None:
+        """Send the fence check and wait for it: its failure (a fenced producer's, say)
+        raised as it is; not answered within the fence-check bound, TransactionStuck."""
+        future = self.send_fence_check(txn, partition)
+        try:
+            txn.flush(timeout=self._fence_check_timeout_s)
+        except KafkaTimeoutError as exc:
+            raise TransactionStuck(
+                f"fence check not answered in {self._fence_check_timeout_s:g} s"
+            ) from exc
+        if not getattr(future, "is_done", False):
+            raise TransactionStuck("fence check not answered after the flush")
+        if future.failed():
+            raise future.exception
+
     def round(
         self,
         txn: Any,
@@ -276,7 +301,7 @@ class Redeliverer:
             txn.begin_transaction()
             if copies:
                 # A fenced producer fails here, before any copy is out.
-                self._flushed(txn, [self.send_fence_check(txn, copies[0].due.marker_partition)])
+                self._check_fence(txn, copies[0].due.marker_partition)
             spares: list[tuple[Copy, Any]] = []
             for copy in copies:
                 where = self.target(copy)

@@ -533,6 +533,9 @@ def test_a_fenced_round_reports_fenced(
     ids=["timeout", "too-large", "connection"],
 )
 def test_a_failed_round_is_aborted(point: str | int | tuple[str, int], exc: KafkaError) -> None:
+    if point == "flush" and isinstance(exc, KafkaTimeoutError):
+        # The fence check's flush timing out gives the producer up instead (the next test).
+        point, exc = "flush", KafkaError("flush failed")
     txn = failing(point, exc)
     outcome, _ = run_round(txn, copies())
     assert outcome == RoundOutcome(False) and not outcome.fenced
@@ -540,6 +543,42 @@ def test_a_failed_round_is_aborted(point: str | int | tuple[str, int], exc: Kafk
     assert txn.calls[-1] == "abort_transaction"
     if point != "commit_transaction":
         assert "commit_transaction" not in txn.calls
+
+
+class SlowFenceCheck(StubTxnProducer):
+    """A transactional producer whose fence check is never answered: its flush times out
+    (kafka-python's way) or returns with the check's future still pending."""
+
+    def __init__(self, flush_raises: bool) -> None:
+        super().__init__()
+        self.flush_raises = flush_raises
+        self.flush_timeouts: list[float | None] = []
+
+    def send(self, topic: str, **kwargs: Any) -> Future:
+        super().send(topic, **kwargs)
+        return Future()  # never done
+
+    def flush(self, timeout: float | None = None) -> None:
+        self.flush_timeouts.append(timeout)
+        super().flush(timeout)
+        if self.flush_raises:
+            raise KafkaTimeoutError("Timeout waiting for future")
+
+
+@pytest.mark.parametrize("flush_raises", [True, False], ids=["flush-times-out", "still-pending"])
+def test_a_fence_check_not_answered_in_time_gives_the_producer_up(flush_raises: bool) -> None:
+    """Stuck after the fence-check bound, not the round's: nothing is out yet, so the
+    replica drops the producer and claims the partition again, with no abort to wait for."""
+    txn = SlowFenceCheck(flush_raises)
+    r = Redeliverer(
+        QUEUE_TOPIC, RETRY_TOPIC, MARKER_TOPIC, Layouts(), txn_timeout_s=10.0,
+        fence_check_timeout_s=0.25,
+    )  # fmt: skip
+    outcome, out = run_round(txn, copies(), r=r)
+    assert outcome == RoundOutcome(False, stuck=True) and not outcome.written
+    assert txn.flush_timeouts == [0.25]
+    assert out.sent == [] and out.calls == [], "no copy goes out"
+    assert txn.calls == ["begin_transaction", "send", "flush"], "no marker, commit or abort"
 
 
 @pytest.mark.parametrize(
