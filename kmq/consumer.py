@@ -274,7 +274,7 @@ class Consumer:
         except (KafkaError, BrokerError) as exc:
             if txn is not None:
                 with contextlib.suppress(Exception):
-                    txn.close(timeout=0)
+                    kafka_clients.close_producer(txn, 0)
             raise _StartFailed(f"transactional producer not renewed: {exc!r}") from exc
         self._txn = txn
         log.info("queue %r: transactional producer renewed", self.queue)
@@ -539,7 +539,7 @@ class Consumer:
             self._kc.close(autocommit=False)
             self._rc.close(autocommit=False)
             if self._txn is not None:
-                self._txn.close(timeout=timeout_s)
+                kafka_clients.close_producer(self._txn, timeout_s)
 
     def __enter__(self) -> Consumer:
         return self
@@ -1097,7 +1097,7 @@ class Consumer:
             # Whatever failed, the next batch goes through a new producer (_renew_transactions).
             self._txn = None
             with contextlib.suppress(Exception):
-                txn.close(timeout=0)
+                kafka_clients.close_producer(txn, 0)
             with self._cond:
                 for m in messages:
                     self._leases.settle(m.key)

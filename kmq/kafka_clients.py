@@ -14,6 +14,7 @@ OAUTHBEARER token provider) are left out of every repr and error message.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import ssl
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
-from kafka.errors import KafkaError
+from kafka.errors import KafkaError, KafkaTimeoutError
 from kafka.net.sasl.oauth import AbstractTokenProvider
 
 from kmq import join_fix, unpack
@@ -303,6 +304,34 @@ def producer(
     ``explain=False``: if the cluster cannot be reached, say so without probing why (the
     probe may wait seconds more for a connection)."""
     return _build(KafkaProducer, conn, role, {**_NO_METRICS, **settings}, explain)
+
+
+_GIVE_UP_JOIN_S = 1.0
+"""How long :func:`close_producer` waits for a producer's I/O thread to fail what is left."""
+
+
+def close_producer(producer: Any, timeout_s: float) -> None:
+    """``producer.close(timeout_s)`` that stops the producer even with records unanswered.
+
+    kafka-python 3.0.12's ``close()`` flushes first and raises KafkaTimeoutError when that
+    flush times out, before it stops its I/O thread: a producer given up while the network
+    is down (a tracker's stuck round) kept its thread, connections and records, retrying,
+    after it was dropped, and its ``__del__`` printed the error as a traceback. This then
+    does what ``close()`` does after its flush: force-closes the thread, which fails the
+    records left (their futures say so), and closes the producer. Never raises for
+    unanswered records; other errors are the caller's."""
+    try:
+        producer.close(timeout=timeout_s)
+        return
+    except KafkaTimeoutError:
+        pass
+    sender = getattr(producer, "_sender", None)  # kafka-python's own, not public API
+    if sender is not None:
+        sender.force_close()
+        sender.join(_GIVE_UP_JOIN_S)
+    # If the thread did not stop in time, it stops on its own, failing the records.
+    with contextlib.suppress(KafkaTimeoutError):
+        producer.close(timeout=0)
 
 
 def consumer(conn: KafkaConnection, role: str | None = None, **settings: Any) -> KafkaConsumer:

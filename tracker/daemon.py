@@ -299,7 +299,7 @@ class Tracker:
             max_request_size=config.max_message_bytes + _DEAD_LETTER_HEADROOM_BYTES,
             batch_size=kafka_clients.batch_bytes(config.max_message_bytes),
         )
-        opened.append(lambda: self._copies.close(timeout=5))
+        opened.append(lambda: kafka_clients.close_producer(self._copies, 5))
         self._producer = kafka_clients.producer(  # PROBE markers only: they change nothing
             conn,
             "producer",
@@ -1324,8 +1324,9 @@ class Tracker:
                 self._reader.close()
                 self._pauses.close()
             finally:
-                self._producer.close(timeout=5)
-                self._copies.close(timeout=5)
+                # Records still unanswered (Kafka gone) must not skip the closes after.
+                kafka_clients.close_producer(self._producer, 5)
+                kafka_clients.close_producer(self._copies, 5)
                 self._writers.close()
         log.info("stopped: %s", " ".join(f"{k}={v}" for k, v in sorted(self.stats().items())))
 

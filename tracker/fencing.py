@@ -27,6 +27,7 @@ from kafka.errors import (
 )
 
 from kmq.errors import BrokerError
+from kmq.kafka_clients import close_producer
 
 log = logging.getLogger("kmq.tracker")
 
@@ -141,7 +142,7 @@ class PartitionWriters:
                 "with a new producer", partition, txn_id, now - sent_at,
             )  # fmt: skip
             with contextlib.suppress(Exception):
-                producer.close(timeout=0)
+                close_producer(producer, 0)
             producer, sent_at, told = None, now, False
         if producer is None and now < self._no_build_until:
             return False
@@ -163,7 +164,7 @@ class PartitionWriters:
                 self._no_build_until = self._clock() + BUILD_RETRY_S
             else:
                 with contextlib.suppress(Exception):
-                    producer.close(timeout=1)
+                    close_producer(producer, 1)
             return False
         self._producers[partition] = producer
         return True
@@ -179,7 +180,7 @@ class PartitionWriters:
         for producer in (self._producers.pop(partition, None), pending and pending[0]):
             if producer is not None:
                 with contextlib.suppress(Exception):
-                    producer.close(timeout=timeout_s)
+                    close_producer(producer, timeout_s)
 
     def close(self, timeout_s: float = 5.0) -> None:
         for partition in set(self._producers) | set(self._pending):
