@@ -252,16 +252,27 @@ class Redeliverer:
             if placed is not None:
                 self.send_watch(txn, copy, placed)
 
-    def _flushed(self, producer: Any, futures: list[Any]) -> None:
-        """Wait until ``futures`` (sent by ``producer``) are answered; raise the first
-        failure. One not answered counts as failed: a marker must never be committed
-        without its copy."""
+    def _flushed(
+        self,
+        producer: Any,
+        futures: list[Any],
+        timeout_s: float,
+        what: str,
+        unanswered: type[KafkaTimeoutError] = KafkaTimeoutError,
+    ) -> None:
+        """Wait up to ``timeout_s`` until ``futures`` (sent by ``producer``) are answered;
+        raise the first failure. One not answered raises ``unanswered``: a marker must never
+        be committed without its copy, and a fence check not answered gives the producer up
+        (:class:`TransactionStuck`)."""
         if not futures:
             return
-        producer.flush(timeout=self._txn_timeout_s)
+        try:
+            producer.flush(timeout=timeout_s)
+        except KafkaTimeoutError as exc:
+            raise unanswered(f"{what} not answered in {timeout_s:g} s") from exc
         for future in futures:
             if not getattr(future, "is_done", False):
-                raise KafkaTimeoutError("a redelivery write was not answered after the flush")
+                raise unanswered(f"{what} not answered after the flush")
             if future.failed():
                 raise future.exception
 
@@ -270,21 +281,6 @@ class Redeliverer:
         here") to ``partition``, in the transaction: its produce is refused once another
         replica has claimed the partition."""
         return txn.send(self._marker_topic, value=encode_entries([_NO_OP], []), partition=partition)
-
-    def _check_fence(self, txn: Any, partition: int) -> None:
-        """Send the fence check and wait for it: its failure (a fenced producer's, say)
-        raised as it is; not answered within the fence-check bound, TransactionStuck."""
-        future = self.send_fence_check(txn, partition)
-        try:
-            txn.flush(timeout=self._fence_check_timeout_s)
-        except KafkaTimeoutError as exc:
-            raise TransactionStuck(
-                f"fence check not answered in {self._fence_check_timeout_s:g} s"
-            ) from exc
-        if not getattr(future, "is_done", False):
-            raise TransactionStuck("fence check not answered after the flush")
-        if future.failed():
-            raise future.exception
 
     def round(
         self,
@@ -301,7 +297,10 @@ class Redeliverer:
             txn.begin_transaction()
             if copies:
                 # A fenced producer fails here, before any copy is out.
-                self._check_fence(txn, copies[0].due.marker_partition)
+                check = self.send_fence_check(txn, copies[0].due.marker_partition)
+                self._flushed(
+                    txn, [check], self._fence_check_timeout_s, "fence check", TransactionStuck
+                )
             spares: list[tuple[Copy, Any]] = []
             for copy in copies:
                 where = self.target(copy)
@@ -311,7 +310,7 @@ class Redeliverer:
             # Every copy is on the broker before any marker saying so is written: a round
             # that ends badly leaves duplicates, never a marker without its copy (the
             # embedded broker shows an aborted transaction's markers to every reader).
-            self._flushed(out, futures)
+            self._flushed(out, futures, self._txn_timeout_s, "a redelivery write")
             for copy in copies:
                 self.send_marker(txn, copy)
             self._send_watches(txn, spares)

@@ -535,7 +535,7 @@ def test_a_fenced_round_reports_fenced(
 def test_a_failed_round_is_aborted(point: str | int | tuple[str, int], exc: KafkaError) -> None:
     if point == "flush" and isinstance(exc, KafkaTimeoutError):
         # The fence check's flush timing out gives the producer up instead (the next test).
-        point, exc = "flush", KafkaError("flush failed")
+        exc = KafkaError("flush failed")
     txn = failing(point, exc)
     outcome, _ = run_round(txn, copies())
     assert outcome == RoundOutcome(False) and not outcome.fenced
