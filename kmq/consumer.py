@@ -815,6 +815,7 @@ class Consumer:
             meta.generation_id,
             meta.state == MemberState.STABLE,
             time.monotonic(),
+            read_through=self._read_through(self._adopted.partitions),
         )
         if new:
             log.info(
@@ -827,6 +828,25 @@ class Consumer:
             log.info("queue %r: no longer reading adopted retry partitions %s",
                      self.queue, sorted(gone))  # fmt: skip
         return self._adopted.partitions
+
+    def _read_through(self, partitions: Set[int]) -> frozenset[int]:
+        """Those of ``partitions`` (of the retry topic) whose position has reached the high
+        watermark of their last fetch. ``position(timeout_ms=0)`` sends nothing once the
+        position is known, and is None before it is; the position passes transaction
+        markers, so a partition read to its end is at its high watermark."""
+        out = set()
+        for partition in partitions:
+            tp = TP(self._retry_topic, partition)
+            highwater = self._rc.highwater(tp)
+            if highwater is None:
+                continue  # not fetched yet
+            try:
+                position = self._rc.position(tp, timeout_ms=0)
+            except KafkaError:  # not assigned yet, or an offset lookup failing
+                continue
+            if position is not None and position >= highwater:
+                out.add(partition)
+        return frozenset(out)
 
     @staticmethod
     def _set_paused(client: KafkaConsumer, want: set[TopicPartition]) -> None:

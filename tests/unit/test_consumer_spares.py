@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from kafka import TopicPartition
+from kafka.errors import IllegalStateError
 from kafka.structs import ConsumerGroupMetadata, MemberState
 
 from kmq.adopted import Adopted
@@ -16,11 +17,24 @@ from kmq.reads import READS_HEADER, decode_reads
 
 
 class StubRetryReader:
+    """Every partition read to its end (position at the high watermark), unless ``ends``
+    says otherwise: partition -> (position, high watermark), None where not known yet."""
+
     def __init__(self) -> None:
         self.assigned: list[TopicPartition] = []
+        self.ends: dict[int, tuple[int | None, int | None]] = {}
 
     def assign(self, partitions: list[TopicPartition]) -> None:
         self.assigned = partitions
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        return self.ends.get(tp.partition, (0, 0))[1]
+
+    def position(self, tp: TopicPartition, timeout_ms: int | None = None) -> int | None:
+        assert timeout_ms == 0, "the loop's thread never waits on an offset lookup"
+        if tp not in self.assigned:
+            raise IllegalStateError("Partition is not assigned")
+        return self.ends.get(tp.partition, (0, 0))[0]
 
 
 class StubControl:
@@ -116,6 +130,28 @@ def test_a_consumer_reading_nothing_reads_what_a_tracker_says_nobody_reads() -> 
     consumer._kc.metadata = ConsumerGroupMetadata("g", 0, "m", None, MemberState.STABLE)
     consumer._follow_queue_partitions()
     assert consumer._rc.assigned == [] and consumer._reads == [], "its owner reads it now"
+
+
+@pytest.mark.parametrize(
+    "ends",
+    [(None, None), (None, 7), (3, 7)],
+    ids=["not fetched yet", "no position yet", "copies left"],
+)
+def test_an_adopted_partition_is_read_to_its_end_before_it_is_given_up(
+    ends: tuple[int | None, int | None],
+) -> None:
+    """Full chaos run 73: adopted just before the member's first join ended, given up at
+    it before its copies were fetched, then read by nobody for 20 s."""
+    consumer = idle_consumer()
+    consumer._pauses.apply(unread_key("jobs.retry", 0, "jobs"), UNREAD_VALUE)
+    consumer._follow_queue_partitions()
+    consumer._rc.ends[0] = ends
+    consumer._kc.metadata = ConsumerGroupMetadata("g", 0, "m", None, MemberState.STABLE)
+    consumer._follow_queue_partitions()
+    assert consumer._rc.assigned == [TopicPartition("jobs.retry", 0)], "still read"
+    consumer._rc.ends[0] = (7, 7)
+    consumer._follow_queue_partitions()
+    assert consumer._rc.assigned == [] and consumer._reads == [], "read through: let go"
 
 
 def test_a_consumer_that_reads_a_spare_adopts_nothing() -> None:
