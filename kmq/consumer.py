@@ -831,9 +831,10 @@ class Consumer:
 
     def _read_through(self, partitions: Set[int]) -> frozenset[int]:
         """Those of ``partitions`` (of the retry topic) whose position has reached the high
-        watermark of their last fetch. ``position(timeout_ms=0)`` sends nothing once the
-        position is known, and is None before it is; the position passes transaction
-        markers, so a partition read to its end is at its high watermark."""
+        watermark of their last fetch. ``position(timeout_ms=0)`` never waits (it sends
+        nothing once every assigned partition has a position) and is None before this one
+        has; the position passes transaction markers, so a partition read to its end is at
+        its high watermark."""
         out = set()
         for partition in partitions:
             tp = TP(self._retry_topic, partition)
