@@ -13,11 +13,11 @@ of them (duplicates, never a loss). An adopted partition is given up once the co
 group has settled in a later generation than the one it was adopted in (the partition's
 owner reads it then) and the consumer has read it to its end, or, should the group not
 move, once its notice is gone and it has been read for ``hold_s``. Read to its end: in full
-chaos run 73 a consumer adopted a partition 0.2 s before its first join ended, gave it up
-at that join before it had fetched the copies there, and no member of the new generation
-read the partition for 20 s. Nothing is held past ``hold_s`` for want of reaching the end
-(a partition whose last records belong to a transaction never ended, say). Pure: no I/O,
-time passed in.
+chaos run 73 a consumer adopted a partition as its first join was ending, gave it up 0.2 s
+later, once the join had settled, before it had fetched the copies there, and no member
+of the new generation read the partition for 20 s. Nothing is held past ``hold_s`` for
+want of reaching the end (a partition whose last records belong to a transaction never
+ended, say). Pure: no I/O, time passed in.
 """
 
 from __future__ import annotations

@@ -69,8 +69,9 @@ def test_adopted_while_settled_they_stay_through_that_generation_while_noticed()
 
 
 def test_at_a_later_generation_one_not_read_to_its_end_is_kept_until_it_is() -> None:
-    # Full chaos run 73: adopted 0.2 s before the member's first join ended, given up at
-    # that join before its copies were fetched, and then read by nobody for 20 s.
+    # Full chaos run 73: adopted as the member's first join was ending, given up 0.2 s
+    # later, once it had settled, before its copies were fetched; then read by nobody for
+    # 20 s.
     adopted = Adopted(HOLD_S)
     adopted.update({0, 1}, set(), -1, False, 0.0, read_through=frozenset())
     assert adopted.update({0, 1}, set(), 0, True, 0.2, read_through={1}) == (

@@ -140,8 +140,8 @@ def test_a_consumer_reading_nothing_reads_what_a_tracker_says_nobody_reads() -> 
 def test_an_adopted_partition_is_read_to_its_end_before_it_is_given_up(
     ends: tuple[int | None, int | None],
 ) -> None:
-    """Full chaos run 73: adopted just before the member's first join ended, given up at
-    it before its copies were fetched, then read by nobody for 20 s."""
+    """Full chaos run 73: adopted as the member's first join was ending, given up once it
+    had settled, before its copies were fetched, then read by nobody for 20 s."""
     consumer = idle_consumer()
     consumer._pauses.apply(unread_key("jobs.retry", 0, "jobs"), UNREAD_VALUE)
     consumer._follow_queue_partitions()
