@@ -113,6 +113,13 @@ PROBE_RETRY_S = 1.0
 YOUNG_S = 0.5
 """How long a START waits, held aside, for its END before it gets a lease of its own (see
 :attr:`PartitionState.young_s`)."""
+MAX_HELD = 8192
+"""The most STARTs held aside at once (ENDed ones waiting to reach the front included):
+reaching it gives the older half their leases. Unbounded, a burst of 100,000 STARTs read
+within ``young_s`` (a tracker catching up, as in the benchmark's memory run) were all held
+before their leases were made, and the process kept the memory of both: 538 bytes of RSS
+per message in flight, against 270 without holding and 292 with this bound. At 40,000
+messages a second the older half is over 0.1 s old, so mostly ENDed already."""
 
 
 def share_budget(deadlines: Mapping[int, list[float]], budget: int) -> dict[int, int]:
@@ -228,7 +235,8 @@ class PartitionState:
         sorted structure and removing it again (most of the tracker's time when messages
         are acked within milliseconds). A KEEPALIVE moves a held START's deadline in place.
         Any other marker for it, a START that cannot be held, or age gives every held
-        START its lease, in the order they were read and from when each was read, so
+        START its lease (and a full table, :data:`MAX_HELD`, its older half), in the order
+        they were read and from when each was read, so
         nothing observable changes: deadlines, the commit offset and ``in_flight`` count
         held STARTs as leases. 0 holds none."""
         self._young: dict[int, _Held] = {}
@@ -328,6 +336,8 @@ class PartitionState:
         young = self._young
         if kind == _START:
             lease_s = entry[5] / 1000
+            if len(self._young_order) >= MAX_HELD:
+                self._promote_oldest(MAX_HELD // 2)
             if (
                 self._handover is None
                 and self._holds(lease_s)
@@ -797,9 +807,22 @@ class PartitionState:
             key = held.key
             if young.get(key) is held:
                 del young[key]
-                self._on_start(held.offset, held.entry, held.text, key, held.read_at)
-                if held.deadline != held.read_at + held.entry[5] / 1000:  # a KEEPALIVE's
-                    self._reschedule(self._inflight[key], held.deadline)
+                self._lease_held(held)
+
+    def _promote_oldest(self, keep: int) -> None:
+        """Give the oldest held STARTs their leases, oldest first, until ``keep`` are held
+        (ENDed ones counted until they reach the front)."""
+        order, young = self._young_order, self._young
+        while len(order) > keep:
+            held = order.popleft()
+            if young.get(held.key) is held:
+                del young[held.key]
+                self._lease_held(held)
+
+    def _lease_held(self, held: _Held) -> None:
+        self._on_start(held.offset, held.entry, held.text, held.key, held.read_at)
+        if held.deadline != held.read_at + held.entry[5] / 1000:  # a KEEPALIVE's
+            self._reschedule(self._inflight[held.key], held.deadline)
 
     def _first_held(self) -> _Held | None:
         """The oldest START still held (those ENDed meanwhile are let go of here)."""

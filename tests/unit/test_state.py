@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from unittest import mock
 
 import pytest
 from hypothesis import example, given, settings
@@ -29,7 +30,9 @@ from kmq.markers import (
 )
 from kmq.markers_v1 import encode_batch_v1, encode_v1
 from kmq.records import delivery_key, fits_key
+from tracker import state as state_module
 from tracker.state import (
+    MAX_HELD,
     PROBE_RETRY_S,
     YOUNG_S,
     Delivery,
@@ -1629,12 +1632,19 @@ def observed(state: PartitionState, now: float) -> tuple[object, ...]:
         max_size=40,
     ),
     st.sampled_from([0.5, 0.25]),
+    st.sampled_from([MAX_HELD, 2, 3]),
 )
 def test_holding_starts_aside_changes_nothing_observable(
-    records: list[tuple[list[Marker], float, str]], young_s: float
+    records: list[tuple[list[Marker], float, str]], young_s: float, max_held: int
 ) -> None:
     """A state holding STARTs aside for their END and one giving each a lease at once
-    (``young_s=0``) read the same markers at the same times: every answer is the same."""
+    (``young_s=0``) read the same markers at the same times: every answer is the same,
+    also when the held table fills (``MAX_HELD`` made small)."""
+    with mock.patch.object(state_module, "MAX_HELD", max_held):
+        compare_holding(records, young_s)
+
+
+def compare_holding(records: list[tuple[list[Marker], float, str]], young_s: float) -> None:
     held, plain = probing(young_s=young_s), probing(young_s=0.0)
     now = 0.0
     for batch, dt, outcome in records:
@@ -1676,6 +1686,28 @@ def test_an_end_read_soon_after_its_start_never_makes_a_lease() -> None:
     feed(state, marker(E), 1.1)
     assert state.in_flight == 0 and state._deadlines == [] and state.stats["end"] == 1
     assert state.commit_offset() == state.position
+
+
+def test_a_burst_of_starts_holds_at_most_max_held_and_leases_the_oldest_first() -> None:
+    """A tracker catching up reads STARTs faster than ``young_s`` lets them go: it holds
+    at most MAX_HELD, giving the older half their leases (from when each was read) each
+    time the table fills, so a burst costs no more memory than its leases."""
+    state = holding()
+    count = 2 * MAX_HELD + 10
+    reads = [1.0 + i * 1e-6 for i in range(count)]
+    first = state.position
+    for i, at in enumerate(reads):
+        feed(state, marker(S, (0, 0, i)), at)
+        assert len(state._young_order) <= MAX_HELD
+    leased = sorted(d.key for d in state._deadlines)
+    assert leased == [delivery_key(0, 0, i) for i in range(len(leased))]  # the oldest
+    assert len(leased) == count - len(state._young) > 0
+    assert state.in_flight == count
+    assert state.deadline_of(delivery_key(0, 0, 0)) == reads[0] + LEASE_S
+    assert state.deadline_of(delivery_key(0, 0, count - 1)) == reads[-1] + LEASE_S
+    assert state.commit_offset() == first
+    feed(state, marker(E, (0, 0, count - 1)), 1.1)  # still held: an END drops it at once
+    assert state.in_flight == count - 1
 
 
 def test_a_held_start_gets_its_lease_from_when_it_was_read() -> None:
