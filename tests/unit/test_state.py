@@ -1691,7 +1691,7 @@ def test_an_end_read_soon_after_its_start_never_makes_a_lease() -> None:
 def test_a_burst_of_starts_holds_at_most_max_held_and_leases_the_oldest_first() -> None:
     """A tracker catching up reads STARTs faster than ``young_s`` lets them go: it holds
     at most MAX_HELD, giving the older half their leases (from when each was read) each
-    time the table fills, so a burst costs no more memory than its leases."""
+    time the table fills, so the memory a burst takes is about that of its leases."""
     state = holding()
     count = 2 * MAX_HELD + 10
     reads = [1.0 + i * 1e-6 for i in range(count)]
