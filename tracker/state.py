@@ -337,7 +337,7 @@ class PartitionState:
         if kind == _START:
             lease_s = entry[5] / 1000
             if len(self._young_order) >= MAX_HELD:
-                self._promote_oldest(MAX_HELD // 2)
+                self._promote(keep=MAX_HELD // 2)
             if (
                 self._handover is None
                 and self._holds(lease_s)
@@ -799,30 +799,18 @@ class PartitionState:
         if self._young_order:
             self._promote(now - self.young_s)
 
-    def _promote(self, read_by: float = float("inf")) -> None:
-        """Give every held START read at or before ``read_by`` its lease, oldest first."""
+    def _promote(self, read_by: float = float("inf"), *, keep: int = 0) -> None:
+        """Give the held STARTs read at or before ``read_by`` their leases, oldest first,
+        stopping once ``keep`` are held (ENDed ones counted until they reach the front)."""
         order, young = self._young_order, self._young
-        while order and order[0].read_at <= read_by:
+        while len(order) > keep and order[0].read_at <= read_by:
             held = order.popleft()
             key = held.key
             if young.get(key) is held:
                 del young[key]
-                self._lease_held(held)
-
-    def _promote_oldest(self, keep: int) -> None:
-        """Give the oldest held STARTs their leases, oldest first, until ``keep`` are held
-        (ENDed ones counted until they reach the front)."""
-        order, young = self._young_order, self._young
-        while len(order) > keep:
-            held = order.popleft()
-            if young.get(held.key) is held:
-                del young[held.key]
-                self._lease_held(held)
-
-    def _lease_held(self, held: _Held) -> None:
-        self._on_start(held.offset, held.entry, held.text, held.key, held.read_at)
-        if held.deadline != held.read_at + held.entry[5] / 1000:  # a KEEPALIVE's
-            self._reschedule(self._inflight[held.key], held.deadline)
+                self._on_start(held.offset, held.entry, held.text, key, held.read_at)
+                if held.deadline != held.read_at + held.entry[5] / 1000:  # a KEEPALIVE's
+                    self._reschedule(self._inflight[key], held.deadline)
 
     def _first_held(self) -> _Held | None:
         """The oldest START still held (those ENDed meanwhile are let go of here)."""
