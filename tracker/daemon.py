@@ -781,30 +781,17 @@ class Tracker:
         one lets go, and could redeliver nothing before its replay anyway, so letting go at
         once only left their due deliveries waiting out that replay (full chaos run 62:
         copies 13 to 16 s late, an adopter letting go as a restarted replica was given
-        its partitions). ``since``: when each began to be handed over, if it did before.
-
-        Those this replica cannot redeliver from (not claimed, or still being replayed
-        here) are let go at once: holding them would only keep the new holder from
-        claiming them. In full chaos run 76 a loaded replica that had adopted two partitions,
-        and was still replaying them when the group gave them to a restarted one, held them
-        4 and 6 s more, until its replay had read the new holder's *ready* entry; their
-        copies waited that long."""
+        its partitions). ``since``: when each began to be handed over, if it did before."""
         now = time.monotonic()
         if revoked and (new := sorted(p for p in partitions if p not in since)):
             self._retired["partitions_revoked"] += len(new)
             log.info("revoked partitions %s", new)
-        idle = [p for p in partitions if not self._handoff or not self._can_redeliver(p)]
-        if idle:
-            self._drop(idle, revoked=False)
+        unclaimed = [p for p in partitions if not self._handoff or self._writers.get(p) is None]
+        if unclaimed:
+            self._drop(unclaimed, revoked=False)
         for partition in partitions:
-            if partition not in idle:
+            if partition not in unclaimed:
                 self._handing[partition] = since.get(partition, now)
-
-    def _can_redeliver(self, partition: int) -> bool:
-        """Claimed here and replayed: its due deliveries can be redelivered from here."""
-        state = self._states.get(partition)
-        claimed = self._writers.get(partition) is not None
-        return claimed and state is not None and not state.replaying
 
     def _hand_off(self) -> None:
         """Let go of the partitions being handed over (:meth:`_hand_over`) that a live
