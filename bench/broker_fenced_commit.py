@@ -10,10 +10,11 @@ kafka-python 3.0.12 found the coordinator again and sent the EndTxn again, witho
 commit was not answered in 8 s (three runs of three, 2026-12-07). A produce or an offset
 commit from the fenced producer is answered with the error at once.
 
-For kmq this is a tracker whose partition is claimed by another replica between its round's
-fence check and its commit: on the embedded broker that round waits out its whole bound
-(``tracker.redeliver.TXN_TIMEOUT_S``) as stuck, rather than learning at once that it was
-fenced. Either way it redelivers nothing more from the partition until it claims it again.
+For kmq this is a tracker whose partition is claimed by another replica after its round's
+last write and before its commit (a fenced write or offset commit fails at once): on the
+embedded broker that round waits out its whole bound (``tracker.redeliver.TXN_TIMEOUT_S``)
+as stuck, rather than learning at once that it was fenced. Either way it redelivers nothing
+more from the partition until it claims it again.
 
 Not a benchmark and not a test: it exists so that the cause can be shown, and re-checked
 against a later broker release. Exit status 1 when the commit went unanswered.
