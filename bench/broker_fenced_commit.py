@@ -13,8 +13,7 @@ commit from the fenced producer is answered with the error at once.
 For kmq this is a tracker whose partition is claimed by another replica after its round's
 last write and before its commit (a fenced write or offset commit fails at once): on the
 embedded broker that round waits out its whole bound (``tracker.redeliver.TXN_TIMEOUT_S``)
-as stuck, rather than learning at once that it was fenced. Either way it redelivers nothing
-more from the partition until it claims it again.
+as stuck, rather than learning at once that it was fenced.
 
 Not a benchmark and not a test: it exists so that the cause can be shown, and re-checked
 against a later broker release. Exit status 1 when the commit went unanswered.
