@@ -590,6 +590,10 @@ class Tracker:
                 state.highwater = highwater
                 self._dates.observe(partition, highwater, time.monotonic())
             self._watch_stall(partition, position, highwater)
+            if state.replay_leases is not None:
+                # Its replay just ended: say so at once in the *ready* entry, which a
+                # holder handing it over waits for (_hand_off), not at the next beacon.
+                self._next_beacon = 0.0
             self._log_replay_leases(partition, state)
         if (
             self._states

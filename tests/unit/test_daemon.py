@@ -46,6 +46,7 @@ from tracker.daemon import (
     _Listener,
     markers_wait_ms,
 )
+from tracker.dating import WriteDates
 from tracker.fencing import FenceWatch, PartitionWriters, Tenure, transactional_id
 from tracker.handover import BEACON_S, ClockBounds, parse_beacon, parse_tick
 from tracker.health import BrokerLink
@@ -82,6 +83,8 @@ class StubGroupConsumer:
         self.reading: set[int] = set()
         self.commits: list[dict[int, int]] = []
         self.paused_tps: set[TopicPartition] = set()
+        self.positions: dict[int, int] = {}
+        self.highwaters: dict[int, int] = {}
 
     def group_metadata(self) -> ConsumerGroupMetadata:
         return self.metadata
@@ -107,6 +110,12 @@ class StubGroupConsumer:
 
     def paused(self) -> set[TopicPartition]:
         return set(self.paused_tps)
+
+    def position(self, tp: TopicPartition) -> int:
+        return self.positions[tp.partition]
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        return self.highwaters.get(tp.partition)
 
     def pause(self, *tps: TopicPartition) -> None:
         self.paused_tps |= set(tps)
@@ -228,6 +237,7 @@ class Harness:
             live=lambda queue: t._live(queue, time.monotonic()),
         )
         t._readers = LiveReaders()
+        t._dates = WriteDates(t._readers.fresh_s)
         t._held = HeldLeases()
         raw: Any = t  # typed as the real ControlWatcher and RecordReader
         self.copies = raw._copies = StubTxnProducer("copies")  # sends only: no transaction
@@ -1672,6 +1682,28 @@ def test_a_replica_awaiting_partitions_reads_every_partitions_owns_entries(holde
         assert h.writers.get(1) is None and set(t._claim_wanted) == {1, 3}
     t._peek_owns()
     assert stub.assigned == [], "given partitions, it reads past holds only"
+
+
+def test_a_replica_says_at_once_that_a_replay_is_over() -> None:
+    """A holder handing a partition over lets go once the new holder names it in its
+    *ready* entry: the end of a replay is said at the next round, not at the next beacon
+    (up to a second later)."""
+    h = Harness(partitions=(), handoff=True)
+    t = h.tracker
+    state = t._states[2] = PartitionState(2, probe_nonce=t._nonce, owners=t._owners)
+    state.set_position(0)  # assigned: replayed from its committed offset
+    h.group.positions, h.group.highwaters = {2: 1}, {2: 3}
+    t._next_beacon = time.monotonic() + 1.0
+    t._sync_offsets()
+    assert state.replaying and t._next_beacon > 0.0
+    assert t._ready() == []
+    h.group.positions = {2: 3}
+    t._sync_offsets()
+    assert not state.replaying and t._next_beacon == 0.0
+    assert t._ready() == [2]
+    t._next_beacon = time.monotonic() + 1.0
+    t._sync_offsets()
+    assert t._next_beacon > 0.0, "once"
 
 
 def test_the_end_of_a_replay_is_logged_once_with_its_uncovered_leases(
