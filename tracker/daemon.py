@@ -746,15 +746,7 @@ class Tracker:
         held as those an eager rebalance keeps are, claimed (which fences the owner, should
         it wake), replayed, probed, redelivered from, never committed."""
         owners = self._owners
-        if owners is None:
-            return
-        if not self._states and (not self._waits_for_partitions() or owners.holders_heard()):
-            # Holding nothing, it adopts only while it waits to be given partitions (its
-            # view then comes from every partition) and no live replica holds any: all of
-            # them have fallen silent (killed one after the other, say). Else a live holder
-            # adopts, and two adopters would only fence each other. In full chaos run 78
-            # such partitions waited for the group (it must first notice every dead member)
-            # 7 to 12 s after their leases ended.
+        if owners is None or not self._states:
             return
         orphans = owners.orphans(time.monotonic(), self._states)
         if not orphans:

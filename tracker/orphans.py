@@ -160,7 +160,11 @@ class OwnerWatch:
         it, and then the group decides (:class:`tracker.fencing.FenceWatch`)."""
         held = set(mine)
         current, silence, heard = self._current, self.silence_s, self._heard
-        live = self.holders_heard()
+        live = [
+            clock
+            for clock, (at, count) in heard.items()
+            if count and clock != self.own and current - at < silence
+        ]
         out = []
         for partition, (at, namer) in self._named.items():
             quiet = current - at
@@ -172,16 +176,6 @@ class OwnerWatch:
             if first == self.own or quiet >= 2 * silence:
                 out.append(partition)
         return sorted(out)
-
-    def holders_heard(self) -> list[int]:
-        """The other replicas heard from within :attr:`silence_s` before the newest own
-        beacon read back that hold partitions (their owns entries name some)."""
-        current, silence = self._current, self.silence_s
-        return [
-            clock
-            for clock, (at, count) in self._heard.items()
-            if count and clock != self.own and current - at < silence
-        ]
 
     def held_elsewhere(self, now: float) -> set[int]:
         """The partitions another replica named last, within :attr:`silence_s` before the

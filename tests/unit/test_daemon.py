@@ -1684,38 +1684,6 @@ def test_a_replica_awaiting_partitions_reads_every_partitions_owns_entries(holde
     assert stub.assigned == [], "given partitions, it reads past holds only"
 
 
-@pytest.mark.parametrize("case", ["all silent", "a live holder", "group settled"])
-def test_a_replica_awaiting_partitions_adopts_only_when_no_live_replica_holds_any(
-    case: str,
-) -> None:
-    """A restarted replica still joining the group, which reads every partition's owns
-    entries meanwhile, takes up the partitions of a replica fallen silent while it waited,
-    but only if no live replica holds any partition: that one adopts otherwise. One in a
-    settled group that gave it nothing (a spare) forms no view, and adopts nothing."""
-    h = Harness(partitions=(), handoff=True)
-    t = h.tracker
-    watch = t._owners
-    assert watch is not None
-    if case != "group settled":
-        h.group.metadata = REBALANCING
-    now = time.monotonic()
-    watch.heard(99, frozenset({1, 3}), 0.0, now - 5.0)  # silent for 5 s
-    if case == "a live holder":
-        watch.heard(88, frozenset({0, 2}), 0.0, now - 0.5)
-    watch.heard(t._nonce, frozenset(), now - 0.2, now - 0.1)  # own beacon read back
-    t._adopt()
-    if case == "all silent":
-        assert t.partitions() == [1, 3] and t._kept == {1, 3}
-        assert h.writers.get(1) is not None and h.writers.get(3) is not None
-        h.group.metadata = GROUP_METADATA._replace(generation_id=1)
-        t._on_assigned([1, 3], 1)
-        assert t.partitions() == [1, 3] and t._reclaim == {1, 3}, (
-            "adopted in no generation: claimed anew, then probed, before its next redelivery"
-        )
-    else:
-        assert t.partitions() == [] and t._retired["partitions_adopted"] == 0
-
-
 def test_a_replica_says_at_once_that_a_replay_is_over() -> None:
     """A holder handing a partition over lets go once the new holder names it in its
     *ready* entry: the end of a replay is said at the next round, not at the next beacon
