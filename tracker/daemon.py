@@ -709,12 +709,9 @@ class Tracker:
         if peek is None or owners is None:
             return
         now = time.monotonic()
-        if self._waits_for_partitions():
-            held = frozenset(range(self._partition_count(self.config.marker_topic)))
-        else:
-            held = to_peek(
-                {p: s.behind_for(now) for p, s in self._stalls.items() if p in self._states}
-            )
+        held = to_peek(
+            {p: stall.behind_for(now) for p, stall in self._stalls.items() if p in self._states}
+        )
         positions = {p: s.position for p, s in self._states.items() if s.position is not None}
         try:
             peek.follow(held, positions)
@@ -729,16 +726,6 @@ class Tracker:
             # again what was said, a little later.
             owners.heard(clock, partitions, sent_s, now)
         self._retired["owns_peeked"] += len(read)
-
-    def _waits_for_partitions(self) -> bool:
-        """Whether this replica holds no markers partition while the group has not settled
-        (it is starting, or rebalancing with nothing kept): it is about to be given some.
-        It then reads the *owns* entries of every partition, its own beacons among them,
-        so that when they come it can tell at once whether their last holder still lives
-        (:meth:`OwnerWatch.clear_to_claim`). Otherwise its view formed only once it had
-        read its own beacon back after its first replay: a restarted replica given a dead
-        one's partitions waited about a second more to claim them (full chaos run 78)."""
-        return not self._states and self._kc.group_metadata().state is not MemberState.STABLE
 
     def _adopt(self) -> None:
         """Take up the markers partitions whose owner has fallen silent (see

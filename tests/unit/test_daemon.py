@@ -1652,38 +1652,6 @@ def test_a_replica_whose_reading_is_held_judges_silence_by_owns_entries_past_the
     assert stub.assigned == []
 
 
-@pytest.mark.parametrize("holder", ["dead", "alive"])
-def test_a_replica_awaiting_partitions_reads_every_partitions_owns_entries(holder: str) -> None:
-    """A restarted replica holds nothing until the group gives it partitions. Meanwhile it
-    reads the owns entries of every markers partition, its own beacons among them: given
-    a dead replica's partitions it claims them at once, a live holder's only once that
-    one lets go (handoff)."""
-    h = Harness(partitions=(), handoff=True)
-    t = h.tracker
-    now = time.monotonic()
-    records = [_owns_record(t._nonce, set(), now - 0.1)]
-    if holder == "alive":  # keeps 1 and 3 through the rebalance, and says so
-        records.append(_owns_record(99, {1, 3}, now - 0.2))
-    stub = _PeekStub(records)
-    t._peek = OwnsPeek(stub, CONFIG.marker_topic)
-    t._peek_owns()
-    assert stub.assigned == [], "in a settled group, a replica given nothing reads nothing"
-    h.group.metadata = GROUP_METADATA._replace(generation_id=-1, state=MemberState.UNJOINED)
-    t._peek_owns()
-    assert stub.assigned == [0, 1, 2, 3]
-    assert t._retired["owns_peeked"] == len(records)
-    h.group.metadata = GROUP_METADATA
-    h.group.assigned = {1, 3}
-    t._on_assigned([1, 3], GROUP_METADATA.generation_id)
-    if holder == "dead":
-        assert h.writers.get(1) is not None and h.writers.get(3) is not None
-        assert not t._claim_wanted
-    else:
-        assert h.writers.get(1) is None and set(t._claim_wanted) == {1, 3}
-    t._peek_owns()
-    assert stub.assigned == [], "given partitions, it reads past holds only"
-
-
 def test_a_replica_says_at_once_that_a_replay_is_over() -> None:
     """A holder handing a partition over lets go once the new holder names it in its
     *ready* entry: the end of a replay is said at the next round, not at the next beacon
