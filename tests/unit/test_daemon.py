@@ -1654,8 +1654,8 @@ def test_a_replica_whose_reading_is_held_judges_silence_by_owns_entries_past_the
 
 def test_a_replica_says_at_once_that_a_replay_is_over() -> None:
     """A holder handing a partition over lets go once the new holder names it in its
-    *ready* entry: the end of a replay is said at the next round, not at the next beacon
-    (up to a second later)."""
+    *ready* entry: the end of a replay is said in the round that sees it, not at the next
+    beacon (up to a second later)."""
     h = Harness(partitions=(), handoff=True)
     t = h.tracker
     state = t._states[2] = PartitionState(2, probe_nonce=t._nonce, owners=t._owners)
