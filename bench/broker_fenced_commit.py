@@ -22,17 +22,14 @@ against a later broker release. Exit status 1 when the commit went unanswered.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import time
-import uuid
 
 from kafka import KafkaProducer
-from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError
 
+from bench.common import create_topics, new_tag, reproduce
 from kmq import txn_wait
-from kmq.dev.embedded import EmbeddedBroker
 from kmq.kafka_clients import close_producer
 
 WAIT_S = 8.0
@@ -40,11 +37,9 @@ WAIT_S = 8.0
 
 def run(servers: str) -> bool:
     """Whether the fenced producer's commit went unanswered for :data:`WAIT_S`."""
-    tag = uuid.uuid4().hex[:8]
+    tag = new_tag()
     topic, txn_id = f"fenced-{tag}", f"fenced-{tag}"
-    admin = KafkaAdminClient(bootstrap_servers=servers)
-    admin.create_topics([NewTopic(topic, 1, 1)])
-    admin.close()
+    create_topics(servers, {topic: 1})
     first = KafkaProducer(bootstrap_servers=servers, transactional_id=txn_id, acks="all")
     first.init_transactions()
     first.begin_transaction()
@@ -70,11 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap-servers", help="a running broker (default: embedded)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.CRITICAL)
-    if args.bootstrap_servers:
-        return int(run(args.bootstrap_servers))
-    with EmbeddedBroker() as broker:
-        return int(run(broker.bootstrap_servers))
+    return reproduce(args.bootstrap_servers, run)
 
 
 if __name__ == "__main__":

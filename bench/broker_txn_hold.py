@@ -25,18 +25,15 @@ against a later broker release. Exit status 1 when the reader was held.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import subprocess
 import sys
 import time
-import uuid
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.admin import KafkaAdminClient, NewTopic
 
-from kmq.dev.embedded import EmbeddedBroker
+from bench.common import create_topics, new_tag, reproduce
 
 _OPEN = """
 import sys, time
@@ -57,11 +54,9 @@ CLAIM_AFTER_S = 6.0
 
 def run(servers: str, shared: bool) -> bool:
     """Whether the reader was held until the claim."""
-    tag = uuid.uuid4().hex[:8]
+    tag = new_tag()
     m, r, abandoned = f"hold-m-{tag}", f"hold-r-{tag}", f"hold-x-{tag}"
-    admin = KafkaAdminClient(bootstrap_servers=servers)
-    admin.create_topics([NewTopic(m, 2, 1), NewTopic(r, 2, 1)])
-    admin.close()
+    create_topics(servers, {m: 2, r: 2})
     child = subprocess.Popen(
         [sys.executable, "-c", _OPEN, servers, abandoned, m, r], stdout=subprocess.PIPE, text=True
     )
@@ -111,11 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--disjoint", action="store_true")
     parser.add_argument("--bootstrap-servers", help="a running broker (default: embedded)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.CRITICAL)
-    if args.bootstrap_servers:
-        return int(run(args.bootstrap_servers, not args.disjoint))
-    with EmbeddedBroker() as broker:
-        return int(run(broker.bootstrap_servers, not args.disjoint))
+    return reproduce(args.bootstrap_servers, lambda servers: run(servers, not args.disjoint))
 
 
 if __name__ == "__main__":

@@ -30,19 +30,16 @@ against a later broker release. Exit status 1 when the partitions got stuck.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import threading
 import time
-import uuid
 from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.net.compat import KafkaNetClient
 from kafka.protocol.old.end_txn import EndTxnRequest_v0
 
-from kmq.dev.embedded import EmbeddedBroker
+from bench.common import create_topics, new_tag, reproduce
 
 
 def reaches_end(servers: str, topic: str, timeout_s: float) -> tuple[bool, int, int | None]:
@@ -122,11 +119,9 @@ def commit_request(producer: Any, transactional_id: str) -> Any:
 
 def run(servers: str, tries: int, overlap: bool = False) -> bool:
     """True when the partitions got stuck."""
-    tag = uuid.uuid4().hex[:8]
+    tag = new_tag()
     topics = [f"race-{tag}-a", f"race-{tag}-b"] + ([f"race-{tag}-c"] if overlap else [])
-    admin = KafkaAdminClient(bootstrap_servers=servers)
-    admin.create_topics([NewTopic(t, 1, 1) for t in topics])
-    admin.close()
+    create_topics(servers, dict.fromkeys(topics, 1))
     connections = [connection(servers), connection(servers)]
     for attempt in range(1, tries + 1):
         owners: list[Any] = []
@@ -169,11 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         help="end two overlapping transactions at once, not one transaction twice",
     )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.CRITICAL)
-    if args.bootstrap_servers:
-        return int(run(args.bootstrap_servers, args.tries, args.overlap))
-    with EmbeddedBroker() as broker:
-        return int(run(broker.bootstrap_servers, args.tries, args.overlap))
+    return reproduce(args.bootstrap_servers, lambda servers: run(servers, args.tries, args.overlap))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,6 +115,20 @@ def ratio(kmq: float | None, raw: float | None) -> float | None:
 
 def new_tag() -> str:
     return uuid.uuid4().hex[:8]
+
+
+def reproduce(servers: str | None, run: Callable[[str], bool]) -> int:
+    """The exit status of a broker reproduction (``bench.broker_*``): ``run`` on the broker
+    at ``servers``, or on an embedded one started for it; 1 when it reports the fault."""
+    import logging
+
+    from kmq.dev.embedded import EmbeddedBroker
+
+    logging.basicConfig(level=logging.CRITICAL)
+    if servers:
+        return int(run(servers))
+    with EmbeddedBroker() as broker:
+        return int(run(broker.bootstrap_servers))
 
 
 def create_topics(bootstrap_servers: str, topics: dict[str, int]) -> None:
