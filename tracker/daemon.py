@@ -48,7 +48,7 @@ from tracker.holds import HeldLeases, hold_reason
 from tracker.notices import UnreadNotices
 from tracker.orphans import OwnerWatch, owns_text, ready_text
 from tracker.peek import OwnsPeek, to_peek
-from tracker.readers import LATELY_S, LiveReaders
+from tracker.readers import BUSY_S, LATELY_S, LiveReaders
 from tracker.redeliver import TXN_TIMEOUT_S, Copy, Redeliverer, RoundOutcome, copy_of
 from tracker.reread import FETCH_MAX_BYTES, FETCH_WAIT_MS, RecordReader
 from tracker.stall import Change, Stall
@@ -208,6 +208,7 @@ class Tracker:
             self._partitions_of,
             live=lambda queue: self._live(queue, time.monotonic()),
             lately=lambda queue: self._live(queue, time.monotonic(), LATELY_S),
+            busy=lambda queue: self._live(queue, time.monotonic(), BUSY_S),
             watch_copies=config.unread_copy_s > 0,
         )
 

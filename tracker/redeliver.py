@@ -125,8 +125,9 @@ class Redeliverer:
 
     ``partitions(topic, queue)`` gives the partitions a queue's records go to on a topic
     (its layout); ``live(queue)`` the retry-topic partitions its consumers said they read
-    lately (:class:`tracker.readers.LiveReaders`), and ``lately(queue)`` those of them said
-    within a shorter time, which go first.
+    lately (:class:`tracker.readers.LiveReaders`), ``lately(queue)`` those of them said
+    within a shorter time, which go first, and ``busy(queue)`` those said within a shorter
+    time still, which go before those.
 
     With ``watch_copies``, a round also writes a WATCH marker for each copy it sends to a
     spare (a retry partition outside its queue's window, :func:`kmq.layout.spare_candidates`),
@@ -147,12 +148,14 @@ class Redeliverer:
         fence_check_timeout_s: float = FENCE_CHECK_TIMEOUT_S,
         live: Callable[[str], Collection[int]] = lambda queue: (),
         lately: Callable[[str], Collection[int]] = lambda queue: (),
+        busy: Callable[[str], Collection[int]] = lambda queue: (),
         watch_copies: bool = False,
     ) -> None:
         self._queue_topic = queue_topic
         self._watch_copies = watch_copies and retry_topic is not None
         self._live = live
         self._lately = lately
+        self._busy = busy
         self._txn_timeout_s = txn_timeout_s
         self._fence_check_timeout_s = fence_check_timeout_s
         self._retry_topic = retry_topic
@@ -175,7 +178,7 @@ class Redeliverer:
             queue_window = self._partitions(self._queue_topic, copy.destination)
             lane_is_retry = lane == RETRY_LANE
             away = None
-            for live in (self._lately, self._live):
+            for live in (self._busy, self._lately, self._live):
                 away = toward_live_reader(
                     queue_window, choices, partition, lane_is_retry, live(copy.destination), offset
                 )

@@ -35,6 +35,7 @@ from kmq.markers import (
     parse,
 )
 from kmq.policy import DEAD_LETTER_SUFFIX
+from kmq.reads import READS_HEADER, encode_reads
 from kmq.records import (
     ATTEMPT_HEADER,
     ID_HEADER,
@@ -43,6 +44,7 @@ from kmq.records import (
     queue_headers,
 )
 from tests.unit.kafka_stubs import StubTxnProducer
+from tracker.readers import BUSY_S, FRESH_S, LATELY_S, LiveReaders
 from tracker.redeliver import Copy, Redeliverer, RoundOutcome, copy_of
 from tracker.reread import Record
 from tracker.state import Due, PartitionState
@@ -311,9 +313,11 @@ def test_target_rules(
         assert chosen == choices[offset % len(choices)]
 
 
-def windowed(live: set[int], lately: set[int] | None = None) -> Redeliverer:
-    """Queue window (5, 6, 7), retry window (2, 3, 4); ``live`` and ``lately`` (none if
-    ``None``) what consumers of queue "orders" said they read."""
+def windowed(
+    live: set[int], lately: set[int] | None = None, busy: set[int] | None = None
+) -> Redeliverer:
+    """Queue window (5, 6, 7), retry window (2, 3, 4); ``live``, ``lately`` and ``busy``
+    (none if ``None``) what consumers of queue "orders" said they read."""
     return Redeliverer(
         QUEUE_TOPIC,
         RETRY_TOPIC,
@@ -321,6 +325,7 @@ def windowed(live: set[int], lately: set[int] | None = None) -> Redeliverer:
         lambda topic, queue: (5, 6, 7) if topic == QUEUE_TOPIC else (2, 3, 4),
         live=lambda queue: live if queue == "orders" else set(),
         lately=lambda queue: lately if lately is not None and queue == "orders" else set(),
+        busy=lambda queue: busy if busy is not None and queue == "orders" else set(),
     )
 
 
@@ -354,6 +359,34 @@ def test_a_partition_said_most_lately_goes_first() -> None:
     lately.clear()
     lately.add(2)  # only the holder's own lately: the others said within a second count
     assert r.target(copy) == (RETRY_TOPIC, 3)
+
+
+def test_a_partition_said_within_a_busy_readers_interval_goes_before_one_said_lately() -> None:
+    """Retry partition 3 (the usual choice) and 4 were both said lately, but only 4 within a
+    busy reader's interval: 3's reader, killed a moment ago, still counts as said lately."""
+    busy: set[int] = set()
+    r = windowed({3, 4}, {3, 4}, busy)
+    copy = a_copy(QUEUE_LANE, 5, 77)
+    assert r.target(copy) == (RETRY_TOPIC, 3), "nobody that recently: as before"
+    busy.add(4)
+    assert r.target(copy) == (RETRY_TOPIC, 4)
+    busy.add(3)
+    assert r.target(copy) == (RETRY_TOPIC, 3), "both that recently: the usual choice"
+    busy.clear()
+    busy.add(2)  # only the holder's own: the lately tier decides
+    assert r.target(copy) == (RETRY_TOPIC, 3)
+
+
+def test_busy_readers_are_those_said_within_the_shortest_interval() -> None:
+    """The tiers' intervals nest (busy within lately within fresh), and a reader said
+    longer than a busy reader's interval ago drops out of the first tier only."""
+    assert 0 < BUSY_S < LATELY_S < FRESH_S
+    readers = LiveReaders()
+    readers.note([(READS_HEADER, encode_reads("orders", {3}))], 10.2)
+    readers.note([(READS_HEADER, encode_reads("orders", {4}))], 10.5)
+    now = 10.5 + BUSY_S / 2
+    assert readers.live("orders", now, BUSY_S) == {4}
+    assert readers.live("orders", now, LATELY_S) == {3, 4}
 
 
 # -- Redeliverer.round: the copies first, then their markers in one transaction -------------
