@@ -1137,6 +1137,8 @@ class Tracker:
             return
         if offset is not None:
             self._committed[partition] = offset
+        if outcome.written_again:
+            self._retired["copies_written_again"] += outcome.written_again
         placed = outcome.placed or (None,) * len(copies)
         for copy, where in zip(copies, placed, strict=True):
             self._done(copy, where)

@@ -35,12 +35,16 @@ class StubTxnProducer:
     ``begin_transaction``, ``flush``, ``send_offsets_to_transaction``, ``commit_transaction``,
     ``abort_transaction``, ``close``) to what it raises; ``fail_sends`` maps the index of a
     ``send`` call (0 for the first) to what that call raises, ``fail_futures`` to the error
-    its future fails with (as kafka-python reports a fenced or refused produce)."""
+    its future fails with (as kafka-python reports a fenced or refused produce), and
+    ``unplaced`` names the sends whose future gives no offset."""
 
     transactional_id: str = ""
     fail: Mapping[str, BaseException] = field(default_factory=dict)
     fail_sends: Mapping[int, BaseException] = field(default_factory=dict)
     fail_futures: Mapping[int, BaseException] = field(default_factory=dict)
+    unplaced: frozenset[int] = frozenset()
+    """Indexes of ``send`` calls whose future says offset -1, as kafka-python does when a
+    retried write found its records already written (the embedded broker's answer)."""
     calls: list[str] = field(default_factory=list)
     """Every call, in order (``send`` included, even when it raised)."""
     sent: list[Sent] = field(default_factory=list)
@@ -80,6 +84,8 @@ class StubTxnProducer:
         self.sent.append(Sent(topic, key, value, headers, partition))
         # Like RecordMetadata: where it landed, each partition's offsets counting from 0.
         offset = sum(1 for s in self.sent[:-1] if (s.topic, s.partition) == (topic, partition))
+        if index in self.unplaced:
+            offset = -1
         return Future().success(Landed(topic, partition if partition is not None else 0, offset))
 
     def flush(self, timeout: float | None = None) -> None:

@@ -1010,6 +1010,26 @@ def test_a_written_copy_is_watched_where_it_landed() -> None:
     assert (key, queue) == (delivery_key(RETRY_LANE, copy.partition, 0), "orders")
 
 
+@pytest.mark.parametrize("second_placed", [True, False], ids=["placed-again", "never-placed"])
+def test_a_copy_placed_at_no_offset_is_written_again_and_watched(second_placed: bool) -> None:
+    """The broker took the copy without saying where (a retried write): written again, and
+    the second write is the one watched; counted in ``stats:``."""
+    h = Harness(partitions=(0,))
+    h.claim(0)
+    h.copies.unplaced = frozenset({0} if second_placed else {0, 1})
+    h.tracker._redeliver()
+    state = h.states[0]
+    first, again = h.copies.sent
+    assert (first.partition, first.value) == (again.partition, again.value)
+    assert h.tracker.stats()["copies_written_again"] == 1
+    assert state.stats["redeliveries"] == 1 and state.in_flight == 0
+    if second_placed:
+        [(key, (queue, _))] = state._unread.items()
+        assert (key, queue) == (delivery_key(RETRY_LANE, again.partition, 1), "orders")
+    else:
+        assert state.watched == 0, "nothing says where either landed"
+
+
 def watched_copy_due(h: Harness, partition: int = 0) -> int:
     """Markers partition 0's one delivery copied to retry partition ``partition`` long
     enough ago that its watch is due; returns the copy's delivery key."""

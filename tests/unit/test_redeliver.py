@@ -520,6 +520,64 @@ def test_an_empty_round_still_commits_the_offsets() -> None:
     assert txn.sent == [] and out.calls == [] and txn.offsets == [(OFFSETS, GROUP_METADATA)]
 
 
+def test_a_copy_the_broker_placed_at_no_offset_is_written_again_once() -> None:
+    """A retried write found already written is answered with offset -1: that copy could
+    not be watched, so it is written once more, before any marker, and the second write is
+    the one reported (and watched); dead letters are not watched, so not written again."""
+    txn = StubTxnProducer()
+    out = StubTxnProducer("copies", unplaced=frozenset({0, 2}))  # a copy and the dead letter
+    outcome, _ = run_round(txn, copies(), out=out)
+    assert outcome.written
+    assert out.calls == [*["send"] * 3, "flush", "send", "flush"], "written again, then flushed"
+    first, again = out.sent[0], out.sent[3]
+    assert (again.topic, again.partition, again.value, again.headers) == (
+        first.topic, first.partition, first.value, first.headers
+    ), "the same copy, to the same partition"
+    assert outcome.placed == ((first.partition, 1), (3, 0), None)
+    assert outcome.written_again == 1
+    assert len(txn.sent) == 1 + 3, "the fence check and one marker per copy, as before"
+
+
+def test_a_copy_placed_at_no_offset_twice_stays_unwatched() -> None:
+    out = StubTxnProducer("copies", unplaced=frozenset({0, 1}))
+    outcome, _ = run_round(StubTxnProducer(), [a_copy()], {}, out=out)
+    assert outcome.written and outcome.placed == (None,) and outcome.written_again == 1
+    assert out.calls.count("send") == 2, "written again once, not a third time"
+
+
+def test_a_copy_written_again_fails_the_round_if_that_write_fails() -> None:
+    """Its marker is never written without the copy the round reports."""
+    out = StubTxnProducer(
+        "copies", unplaced=frozenset({0}), fail_futures={1: KafkaTimeoutError("slow")}
+    )
+    txn = StubTxnProducer()
+    outcome, _ = run_round(txn, [a_copy()], out=out)
+    assert outcome == RoundOutcome(False) and txn.calls[-1] == "abort_transaction"
+    assert [m.type for s in txn.sent for m in decode_all(s.value)] == [MarkerType.PROBE]
+
+
+def test_the_watch_of_a_copy_on_a_spare_names_where_the_second_write_landed() -> None:
+    """Queue window (5, 6, 7) on retry partitions (2, 3, 4); the queue's readers say they
+    read only retry partition 9, a spare: the copy goes there, and its WATCH marker names
+    the write that was placed."""
+    r = Redeliverer(
+        QUEUE_TOPIC,
+        RETRY_TOPIC,
+        MARKER_TOPIC,
+        lambda topic, queue: (5, 6, 7) if topic == QUEUE_TOPIC else (2, 3, 4),
+        live=lambda queue: {9},
+        watch_copies=True,
+    )
+    copy = a_copy(QUEUE_LANE, 5, 77)
+    assert r.target(copy) == (RETRY_TOPIC, 9)
+    txn = StubTxnProducer()
+    out = StubTxnProducer("copies", unplaced=frozenset({0}))
+    outcome, _ = run_round(txn, [copy], {}, out=out, r=r)
+    assert outcome.written and outcome.placed == ((9, 1),)
+    watches = [m for s in txn.sent for m in decode_all(s.value) if m.type is MarkerType.WATCH]
+    assert [(w.lane, w.partition, w.offset) for w in watches] == [(RETRY_LANE, 9, 1)]
+
+
 # Where the transaction fails: a method name, the index of the send that raises, or
 # ("future", index): the send whose future fails (kafka-python's way for a fenced produce).
 FAILURE_POINTS: dict[str, str | int | tuple[str, int]] = {
