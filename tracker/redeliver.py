@@ -293,9 +293,9 @@ class Redeliverer:
         names the first write's offset). Such a copy could not be watched (the watch knows
         a copy by where it landed), so if its reader died before taking it, it waited for
         the queue's group to notice: taken 17 s after they were written (19 to 21 s
-        beyond the lease) for three copies in full chaos run 82, of 28 written that way. The first write is delivered too, once
-        its partition is read: a duplicate, as with any copy copied again. One not placed
-        the second time either stays unwatched."""
+        beyond the lease) for three copies in full chaos run 82, of 28 written that way.
+        The first write is delivered too, once its partition is read: a duplicate, as with
+        any copy copied again. One not placed the second time either stays unwatched."""
         unplaced = [
             i
             for i, copy in enumerate(copies)

@@ -1021,6 +1021,7 @@ def test_a_copy_placed_at_no_offset_is_written_again_and_watched(second_placed: 
     state = h.states[0]
     first, again = h.copies.sent
     assert (first.partition, first.value) == (again.partition, again.value)
+    assert again.partition is not None
     assert h.tracker.stats()["copies_written_again"] == 1
     assert state.stats["redeliveries"] == 1 and state.in_flight == 0
     if second_placed:
