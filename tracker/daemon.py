@@ -634,7 +634,15 @@ class Tracker:
         now = time.monotonic()
         tick_s = self.config.tick_interval_s
         for partition, state in list(self._states.items()):
-            if state.probe_needed(now):
+            if state.probe_needed(now) or (
+                # Claimed, and not waiting to be claimed again under a new nonce: a probe
+                # sent during the replay is read back as it ends (PartitionState.
+                # replay_probe_needed). One sent before the claim would not cover what
+                # the last holder committed before it.
+                partition not in self._reclaim
+                and self._writers.get(partition) is not None
+                and state.replay_probe_needed(now)
+            ):
                 self._send_probe(partition, [state.probe(now)], [b""])
             if state.tick_needed(now, tick_s):
                 entry, text = state.tick(now, self._acked.get(partition))

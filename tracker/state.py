@@ -207,6 +207,7 @@ class PartitionState:
         has been read, so deadlines up to it are decided by the log, not by how fast this
         tracker reads it."""
         self._probe_sent_at: float | None = None
+        self._replay_probe_at: float | None = None
         self.position: int | None = None
         """Offset of the next marker to read."""
         self.end_offset: int | None = None
@@ -285,6 +286,7 @@ class PartitionState:
         self.probe_nonce = nonce
         self.horizon = float("-inf")
         self._probe_sent_at = None
+        self._replay_probe_at = None
 
     @property
     def replaying(self) -> bool:
@@ -573,11 +575,24 @@ class PartitionState:
         sent = self._probe_sent_at
         return sent is None or now - sent >= PROBE_RETRY_S or sent < first
 
+    def replay_probe_needed(self, now: float) -> bool:
+        """While the partition replays (claimed: the adapter asks only then), whether to
+        write a :meth:`probe` now, at most one per :data:`PROBE_RETRY_S`. It is read back
+        right behind the replay, so the leases the replay finds overdue (a dead holder's,
+        taken over from its ticks) go out as it ends, not a probe's round trip later,
+        which on a starved 2-core machine took 2 to 5 s (the full chaos runs' tracker kills)."""
+        if self.probe_nonce is None or not self.replaying:
+            return False
+        sent = self._replay_probe_at
+        return sent is None or now - sent >= PROBE_RETRY_S
+
     def probe(self, now: float) -> Entry:
         """The PROBE marker to write to this partition now (its send time in whole ms,
         rounded down, so the horizon never runs ahead of the truth)."""
         entry = self._probe_entry(now)
         self._probe_sent_at = now
+        if self.replaying:
+            self._replay_probe_at = now
         self.stats["probe_sent"] += 1
         return entry
 

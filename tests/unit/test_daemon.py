@@ -1387,6 +1387,30 @@ def test_a_replica_writes_a_beacon_to_every_markers_partition_each_second() -> N
     assert len(producer.sent) == 4, "the next one a second later"
 
 
+def test_a_claimed_partition_is_probed_during_its_replay() -> None:
+    """So the probe is read back right behind the replay (PartitionState.
+    replay_probe_needed); not before the claim, nor under a nonce about to change."""
+    h = Harness(partitions=(0, 1, 2))
+    h.claim(0, 2)
+    t = h.tracker
+    producer = StubTxnProducer()
+    raw: Any = t
+    raw._producer = producer
+    t._acked = {}
+    t._next_beacon = time.monotonic() + 3600  # no beacon now
+    for p in (0, 1, 2):
+        state = t._states[p] = PartitionState(p, probe_nonce=t._nonce)
+        state.set_position(0)
+        state.set_end_offset(5)
+    t._reclaim.add(2)  # claimed, but to be claimed again (a new nonce) first
+    t._probe()
+    assert [s.partition for s in producer.sent] == [0], "1 is not claimed yet"
+    entries, texts = parse(producer.sent[0].value)
+    assert [(e[0], e[4]) for e in entries] == [(MarkerType.PROBE, t._nonce)] and texts == [b""]
+    t._probe()
+    assert len(producer.sent) == 1, "not again within PROBE_RETRY_S"
+
+
 def test_a_busy_loop_is_vouched_for_and_its_partitions_stay_held_elsewhere() -> None:
     """While the loop is in a long turn (a slow redelivery round), the voucher writes the
     owns entry its beacon would have carried, alone in a record, to every partition the

@@ -1329,6 +1329,53 @@ def test_no_probes_while_replaying() -> None:
     assert state.probe_needed(100)
 
 
+def test_a_probe_sent_during_the_replay_lets_the_leases_overdue_at_its_end_go_out() -> None:
+    """A probe written while the replay runs is read back right behind it: the leases that
+    ran out meanwhile go out as it ends, not a probe's round trip later."""
+
+    def replaying() -> PartitionState:
+        state = PartitionState(PARTITION, default_lease_s=DEFAULT_LEASE_S, probe_nonce=NONCE)
+        state.set_position(0)
+        state.set_end_offset(2)
+        feed(state, marker(S), 0)  # its lease runs out before the replay is over
+        return state
+
+    now = LEASE_S + 0.5
+    state = replaying()
+    assert state.replaying and state.replay_probe_needed(now)
+    probe = state.probe(now)
+    assert not state.replay_probe_needed(now + PROBE_RETRY_S / 2), "one per PROBE_RETRY_S"
+    assert state.replay_probe_needed(now + PROBE_RETRY_S)
+    feed(state, marker(K, OTHER_OFFSET), now + 0.1)  # the replay's last record
+    assert not state.replaying and not state.replay_probe_needed(now + PROBE_RETRY_S)
+    feed(state, encode_entries([probe], []), now + 0.2)
+    assert steps(state.due(now + 0.2)) == [EXPIRED]
+
+    without = replaying()
+    feed(without, marker(K, OTHER_OFFSET), now + 0.1)
+    assert without.due(now + 0.2) == [] and without.probe_needed(now + 0.2), "a round trip more"
+
+
+def test_claimed_again_during_the_replay_a_replay_probe_goes_out_at_once() -> None:
+    state = PartitionState(PARTITION, probe_nonce=NONCE)
+    state.set_position(0)
+    state.set_end_offset(5)
+    state.probe(1.0)
+    assert not state.replay_probe_needed(1.5)
+    state.regate(OTHER_NONCE)
+    assert state.replay_probe_needed(1.5), "the one sent under the old nonce no longer counts"
+    assert state.probe(1.5)[4] == OTHER_NONCE
+
+
+def test_no_replay_probes_without_a_nonce_or_once_caught_up() -> None:
+    assert not caught_up().replay_probe_needed(100)
+    assert not probing().replay_probe_needed(100)
+    state = PartitionState(PARTITION)
+    state.set_position(0)
+    state.set_end_offset(5)
+    assert state.replaying and not state.replay_probe_needed(100)
+
+
 def test_an_own_probe_in_the_backlog_still_moves_the_horizon() -> None:
     state = PartitionState(PARTITION, probe_nonce=NONCE)
     state.set_position(0)
