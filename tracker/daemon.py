@@ -1043,6 +1043,11 @@ class Tracker:
             return False
         state.regate(random.getrandbits(32))
         self._reclaim.discard(partition)
+        now = time.monotonic()
+        if state.probe_needed(now) or state.replay_probe_needed(now):
+            # Now, not at the next turn's _probe (a second later on a busy replica): every
+            # overdue lease of the partition waits for it.
+            self._send_probe(partition, [state.probe(now)], [b""])
         return True
 
     def _holding(self) -> bool:

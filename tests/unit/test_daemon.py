@@ -241,6 +241,8 @@ class Harness:
         t._held = HeldLeases()
         raw: Any = t  # typed as the real ControlWatcher and RecordReader
         self.copies = raw._copies = StubTxnProducer("copies")  # sends only: no transaction
+        self.plain = raw._producer = StubTxnProducer("plain")  # probes, beacons: no transaction
+        t._acked = {}
         raw._pauses = StubPauses()
         raw._records = self.records
         raw._partitions_of = lambda topic, queue: (0, 1)  # every queue's window
@@ -656,7 +658,9 @@ def test_with_handoff_a_partition_a_live_replica_holds_is_claimed_once_it_lets_g
     t._redeliver()
     assert len(h.producers.made[2]) == 1, "claimed"
     assert state.stats["redeliveries"] == 0, "not before a probe written since the claim"
-    state.on_record(11, encode_entries([state.probe(now)], []), now)
+    [probe] = [s for s in h.plain.sent if s.partition == 2]
+    assert parse(probe.value)[0][0][4] == state.probe_nonce, "sent at once, under the new nonce"
+    state.on_record(11, probe.value, now)
     t._redeliver()
     assert state.stats["redeliveries"] == 1 and t._claim_wanted == {}
 
@@ -849,9 +853,9 @@ def test_kept_partitions_assigned_again_are_claimed_again_and_the_rest_dropped()
     state.on_record(11, encode_entries([stale], []), now)
     t._redeliver()
     assert state.stats["redeliveries"] == 0 and state.stats["foreign_probe"] == 1
-    assert state.probe_needed(now)
-    probe = state.probe(now)
-    state.on_record(12, encode_entries([probe], []), now)
+    [probe] = h.plain.sent  # sent with the claim, not at the next turn
+    assert parse(probe.value)[0][0][4] == state.probe_nonce
+    state.on_record(12, probe.value, now)
     t._redeliver()
     assert state.stats["redeliveries"] == 1 and t._reclaim == set()
     assert len(h.producers.made[0]) == 2, "one claim again, not one per round"
@@ -935,7 +939,8 @@ def test_a_kept_partition_that_cannot_be_claimed_again_redelivers_nothing() -> N
     t._redeliver()
     assert t._reclaim == set() and h.writers.get(0) is h.producers.last(0)
     assert len(h.producers.made[0]) == 2, "the claim that was waited on, not a new one"
-    assert h.states[0].probe_needed(time.monotonic()), "and then waits for a probe"
+    [probe] = h.plain.sent  # and then waits for a probe, sent at once
+    assert parse(probe.value)[0][0][4] == h.states[0].probe_nonce
 
 
 def test_an_assignment_claims_the_kept_and_the_new_partitions_together() -> None:
