@@ -1442,7 +1442,9 @@ class Tracker:
         # Claim them before anything else, with the kept ones to claim again (_on_assigned):
         # from here on a previous owner's redeliveries from them are refused (a claim not
         # answered now is waited for again before this replica's first redelivery from it).
+        began = time.monotonic()
         self._claim_many(partitions)  # those not claimed yet
+        claimed = time.monotonic()
         for partition in new:
             state = self._states[partition] = PartitionState(
                 partition,
@@ -1460,10 +1462,15 @@ class Tracker:
             self._seek.add(partition)
         self._caught_up.clear()
         self._next_beacon = 0.0  # say so at once: others adopt what nobody names
+        # How long the claims and the committed offsets (one blocking request each) held
+        # the loop: what a take-over waits on before its replay can begin.
+        looked_up = time.monotonic()
+        took = f"(claims {claimed - began:.1f} s, committed offsets {looked_up - claimed:.1f} s)"
         if adopted:
-            log.info("adopted partitions %s; now tracking %s", sorted(new), self.partitions())
+            log.info("adopted partitions %s; now tracking %s %s",
+                     sorted(new), self.partitions(), took)  # fmt: skip
         else:
-            log.info("assigned partitions %s", self.partitions())
+            log.info("assigned partitions %s %s", self.partitions(), took)
 
 
 def _listed(partitions: Iterable[int]) -> str:
