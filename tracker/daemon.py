@@ -258,6 +258,14 @@ class Tracker:
         # The group member fetches nothing (its partitions stay paused): kafka-python fetches
         # nothing for a group while it rebalances, and a replica that keeps its partitions
         # through a rebalance must keep reading them. This one, in no group, reads them.
+        # The group's committed offsets, read by a client of the group that never joins
+        # it: the member's coordinator connection holds its JoinGroup at the broker for a
+        # whole rebalance, and a committed() sent behind it waited as long (3.7 s in full
+        # chaos run 86, while adopting a killed replica's partitions).
+        self._offsets = kafka_clients.consumer(
+            conn, "offsets", group_id=config.group_id, enable_auto_commit=False
+        )
+        opened.append(lambda: self._offsets.close(autocommit=False))
         self._mc = kafka_clients.consumer(
             conn,
             "markers",
@@ -1338,6 +1346,7 @@ class Tracker:
         finally:
             try:
                 self._kc.close(autocommit=False)
+                self._offsets.close(autocommit=False)
                 self._mc.close()
                 if self._peek is not None:
                     self._peek.close()
@@ -1455,7 +1464,9 @@ class Tracker:
                 unread_s=self.config.unread_copy_s,
             )
             # Replay exactly from the committed offset, whatever was fetched before.
-            committed = self._kc.committed(TopicPartition(self.config.marker_topic, partition))
+            committed = self._offsets.committed(
+                TopicPartition(self.config.marker_topic, partition)
+            )
             if committed is not None:
                 state.set_position(committed)
             self._fresh.add(partition)

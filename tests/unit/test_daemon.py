@@ -203,7 +203,7 @@ class Harness:
         t._committed = {p: 5 for p in partitions}
         t._fresh = set()
         t._writers = self.writers
-        self.group = t._kc = t._mc = StubGroupConsumer()
+        self.group = t._kc = t._mc = t._offsets = StubGroupConsumer()
         self.group.assigned = set(partitions)
         t._kept = set()
         t._rebalancing = False
@@ -1390,6 +1390,21 @@ def test_a_replica_writes_a_beacon_to_every_markers_partition_each_second() -> N
     assert t._next_beacon >= time.monotonic() + BEACON_S - 1.0
     t._probe()
     assert len(producer.sent) == 4, "the next one a second later"
+
+
+def test_a_take_over_reads_committed_offsets_beside_the_group_member() -> None:
+    """Not through the group member: its coordinator connection holds its JoinGroup at the
+    broker for a whole rebalance, and a committed() sent behind it waits as long."""
+    h = Harness(partitions=(0,))
+    h.claim(0)
+    t = h.tracker
+    offsets = StubGroupConsumer()
+    offsets.committed_at = {2: 40}
+    h.group.committed_at = {2: 7}  # what the member would say: never asked
+    raw: Any = t
+    raw._offsets = offsets
+    t._take([2], adopted=True)
+    assert t._states[2].position == 40
 
 
 def test_a_claimed_partition_is_probed_during_its_replay() -> None:
