@@ -255,9 +255,6 @@ class Tracker:
         opened.append(lambda: self._kc.close(autocommit=False))
         self._listener = _Listener(lambda: self._kc.group_metadata().generation_id)
         self._kc.subscribe([config.marker_topic], listener=self._listener)
-        # The group member fetches nothing (its partitions stay paused): kafka-python fetches
-        # nothing for a group while it rebalances, and a replica that keeps its partitions
-        # through a rebalance must keep reading them. This one, in no group, reads them.
         # The group's committed offsets, read by a client of the group that never joins
         # it: the member's coordinator connection holds its JoinGroup at the broker for a
         # whole rebalance, and a committed() sent behind it waited as long (3.7 s in full
@@ -266,6 +263,9 @@ class Tracker:
             conn, "offsets", group_id=config.group_id, enable_auto_commit=False
         )
         opened.append(lambda: self._offsets.close(autocommit=False))
+        # The group member fetches nothing (its partitions stay paused): kafka-python fetches
+        # nothing for a group while it rebalances, and a replica that keeps its partitions
+        # through a rebalance must keep reading them. This one, in no group, reads them.
         self._mc = kafka_clients.consumer(
             conn,
             "markers",
