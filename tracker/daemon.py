@@ -257,8 +257,9 @@ class Tracker:
         self._kc.subscribe([config.marker_topic], listener=self._listener)
         # The group's committed offsets, read by a client of the group that never joins
         # it: the member's coordinator connection holds its JoinGroup at the broker for a
-        # whole rebalance, and a committed() sent behind it waited as long (3.7 s in full
-        # chaos run 86, while adopting a killed replica's partitions).
+        # whole rebalance, and a committed() sent behind it can wait as long (a broker
+        # answers a connection's requests in order; in full chaos run 86 two lookups by the
+        # member, adopting a killed replica's partitions in a rebalance, took 3.7 s).
         self._offsets = kafka_clients.consumer(
             conn, "offsets", group_id=config.group_id, enable_auto_commit=False
         )
