@@ -643,16 +643,7 @@ class Tracker:
         now = time.monotonic()
         tick_s = self.config.tick_interval_s
         for partition, state in list(self._states.items()):
-            if state.probe_needed(now) or (
-                # Claimed, and not waiting to be claimed again under a new nonce: a probe
-                # sent during the replay is read back as it ends (PartitionState.
-                # replay_probe_needed). One sent before the claim would not cover what
-                # the last holder committed before it.
-                partition not in self._reclaim
-                and self._writers.get(partition) is not None
-                and state.replay_probe_needed(now)
-            ):
-                self._send_probe(partition, [state.probe(now)], [b""])
+            self._probe_partition(partition, state, now)
             if state.tick_needed(now, tick_s):
                 entry, text = state.tick(now, self._acked.get(partition))
                 self._send_probe(partition, [entry], [text])
@@ -661,6 +652,18 @@ class Tracker:
         # (tracker.handover), and the others know its clock should it take some and die.
         if tick_s > 0 and now >= self._next_beacon:
             self._beacon(now)
+
+    def _probe_partition(self, partition: int, state: PartitionState, now: float) -> None:
+        """Write ``partition`` a PROBE if a deadline waits for one, or if it replays and is
+        claimed, not waiting to be claimed again under a new nonce: that one is read back
+        as the replay ends (:meth:`PartitionState.replay_probe_needed`). One sent before
+        the claim would not cover what the last holder committed before it."""
+        if state.probe_needed(now) or (
+            partition not in self._reclaim
+            and self._writers.get(partition) is not None
+            and state.replay_probe_needed(now)
+        ):
+            self._send_probe(partition, [state.probe(now)], [b""])
 
     def _beacon(self, now: float) -> None:
         """Tell every markers partition's owner what this replica's clock reads now: should
@@ -1052,11 +1055,9 @@ class Tracker:
             return False
         state.regate(random.getrandbits(32))
         self._reclaim.discard(partition)
-        now = time.monotonic()
-        if state.probe_needed(now) or state.replay_probe_needed(now):
-            # Now, not at the next turn's _probe (a second later on a busy replica): every
-            # overdue lease of the partition waits for it.
-            self._send_probe(partition, [state.probe(now)], [b""])
+        # Now, not at the next turn's _probe (a second later on a busy replica): every
+        # overdue lease of the partition waits for it.
+        self._probe_partition(partition, state, time.monotonic())
         return True
 
     def _holding(self) -> bool:

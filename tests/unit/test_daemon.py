@@ -1362,12 +1362,8 @@ def test_the_markers_poll_wait_is_the_earliest_of_every_partition() -> None:
 
 def beaconing(partitions: tuple[int, ...]) -> tuple[Tracker, StubTxnProducer]:
     """A harnessed replica holding ``partitions`` whose plain producer is a stub."""
-    t = Harness(partitions=partitions).tracker
-    producer = StubTxnProducer()
-    raw: Any = t
-    raw._producer = producer
-    t._acked = {}
-    return t, producer
+    h = Harness(partitions=partitions)
+    return h.tracker, h.plain
 
 
 def test_a_replica_writes_a_beacon_to_every_markers_partition_each_second() -> None:
@@ -1412,11 +1408,7 @@ def test_a_claimed_partition_is_probed_during_its_replay() -> None:
     replay_probe_needed); not before the claim, nor under a nonce about to change."""
     h = Harness(partitions=(0, 1, 2))
     h.claim(0, 2)
-    t = h.tracker
-    producer = StubTxnProducer()
-    raw: Any = t
-    raw._producer = producer
-    t._acked = {}
+    t, producer = h.tracker, h.plain
     t._next_beacon = time.monotonic() + 3600  # no beacon now
     for p in (0, 1, 2):
         state = t._states[p] = PartitionState(p, probe_nonce=t._nonce)
